@@ -1,0 +1,92 @@
+//! Build steps that must happen before the server compiles:
+//! 1. Triton's `ModelConfig` schema (`proto/model_config.proto`) becomes Rust types (prost) and an
+//!    embedded descriptor set, so `config.pbtxt` is parsed by a real protobuf text-format parser.
+//! 2. The Wasm guests in `examples/` and `tests/guests/` are built for `wasm32-wasip2` and installed
+//!    as `model.wasm` next to their `config.pbtxt`, so `cargo run`/`cargo test` serve fresh handlers.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use prost::Message;
+
+fn main() {
+    println!("cargo:rerun-if-changed=proto/model_config.proto");
+    let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
+    let fds = protox::compile(["model_config.proto"], ["proto"]).expect("model_config.proto compiles");
+    std::fs::write(out.join("model_config.bin"), fds.encode_to_vec()).expect("write descriptor set");
+    prost_build::Config::new()
+        .compile_fds(fds)
+        .expect("prost generates the ModelConfig types");
+
+    build_guests();
+}
+
+/// Builds each guest workspace and copies its components into the matching model repository.
+fn build_guests() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let root = manifest_dir.parent().expect("host/ has a parent").to_path_buf();
+    for dir in ["wit", "guest-sdk", "examples", "tests/guests"] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+    println!("cargo:rerun-if-env-changed=TESSERA_SKIP_GUESTS");
+    if env::var_os("TESSERA_SKIP_GUESTS").is_some() {
+        return;
+    }
+    let target_dir = root.join("target").join("guests");
+    let guests = [
+        (root.join("examples/Cargo.toml"), root.join("model_repository")),
+        (root.join("tests/guests/Cargo.toml"), root.join("tests/fixtures/model_repository")),
+    ];
+    for (manifest, repository) in guests {
+        if !manifest.exists() {
+            continue;
+        }
+        let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.arg("build")
+            .arg("--release")
+            .arg("--target=wasm32-wasip2")
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target_dir);
+        // The outer build's flags and target belong to the host, not to the guests.
+        for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER", "CARGO_MAKEFLAGS", "MAKEFLAGS", "MFLAGS"] {
+            cmd.env_remove(var);
+        }
+        let status = cmd.status().expect("cargo can be spawned");
+        if !status.success() {
+            panic!(
+                "building the Wasm guests in {} failed (is the target installed? `rustup target add wasm32-wasip2`)",
+                manifest.display()
+            );
+        }
+        install_components(&target_dir.join("wasm32-wasip2/release"), &repository);
+    }
+}
+
+/// Copies `<name>.wasm` to `<repository>/<name>/1/model.wasm` for each Wasm model there.
+fn install_components(built: &Path, repository: &Path) {
+    let Ok(entries) = std::fs::read_dir(repository) else { return };
+    for entry in entries.flatten() {
+        let model_dir = entry.path();
+        let Some(name) = model_dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
+        let config = std::fs::read_to_string(model_dir.join("config.pbtxt")).unwrap_or_default();
+        if !config.contains("\"wasm\"") {
+            continue;
+        }
+        let component = built.join(format!("{name}.wasm"));
+        if !component.exists() {
+            println!("cargo:warning=no component built for Wasm model '{name}'");
+            continue;
+        }
+        let dest_dir = model_dir.join("1");
+        std::fs::create_dir_all(&dest_dir).expect("create version folder");
+        let dest = dest_dir.join("model.wasm");
+        let fresh = std::fs::read(&component).expect("read component");
+        if std::fs::read(&dest).ok().as_deref() != Some(fresh.as_slice()) {
+            std::fs::write(&dest, fresh).expect("install component");
+        }
+    }
+}

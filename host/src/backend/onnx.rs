@@ -1,0 +1,478 @@
+//! ONNX models on the CPU through ONNX Runtime (the `ort` crate, loaded dynamically).
+//!
+//! Serves `platform: "onnxruntime_onnx"` / `backend: "onnxruntime"`. The shared library comes from
+//! the `onnxruntime` PyPI wheel and is found through `--onnxruntime-library` or `ORT_DYLIB_PATH`;
+//! without it ONNX models are UNAVAILABLE with instructions, and everything else serves.
+//!
+//! A batch is executed as one ONNX Runtime run: the requests' inputs are concatenated along the
+//! batch dimension, and each output is split back by the requests' row counts.
+//!
+//! Per-model `parameters` (Triton's onnxruntime backend names):
+//! - `intra_op_thread_count` — threads one execution may use. Default 1: instances, HTTP workers
+//!   and other models share the cores, and small models gain nothing from more threads.
+//! - `inter_op_thread_count` — threads for parallel graph branches. Default 1.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use ort::session::Session;
+use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
+
+use super::{ComputeTiming, Executed, LoadContext, LoadError, ModelInstance};
+use crate::config::{ModelConfig, ModelSignature, TensorSignature, string_parameter};
+use crate::infer::{InferError, InferRequest, InferResponse, InferResult};
+use crate::repository::model_file;
+use crate::tensor::{DataType, Tensor, TensorData};
+
+/// The ONNX Runtime release the project pins (see `scripts/setup-python.sh`).
+pub const PINNED_VERSION: &str = "1.31.1";
+
+static RUNTIME: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+
+/// Loads the ONNX Runtime library once. `library` wins over `ORT_DYLIB_PATH`.
+pub fn init_runtime(library: Option<&Path>) -> Result<(), String> {
+    let result = RUNTIME.get_or_init(|| {
+        let path: PathBuf = match library.map(Path::to_path_buf).or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)) {
+            Some(p) => p,
+            None => return Err(missing_runtime_message("no library given")),
+        };
+        if !path.exists() {
+            return Err(missing_runtime_message(&format!("{} does not exist", path.display())));
+        }
+        let builder = ort::init_from(&path).map_err(|e| missing_runtime_message(&format!("{}: {e}", path.display())))?;
+        let env = builder
+            .with_name("tessera")
+            .build()
+            .map_err(|e| format!("ONNX Runtime failed to start: {e}"))?;
+        tracing::info!(library = %path.display(), "ONNX Runtime loaded");
+        Ok(env)
+    });
+    result.as_ref().map(|_| ()).map_err(Clone::clone)
+}
+
+fn missing_runtime_message(detail: &str) -> String {
+    format!(
+        "ONNX Runtime is not available ({detail}). Install it with `pip install onnxruntime=={PINNED_VERSION}` \
+         (or run scripts/setup-python.sh) and point ORT_DYLIB_PATH or --onnxruntime-library at \
+         .../site-packages/onnxruntime/capi/libonnxruntime.so.{PINNED_VERSION}"
+    )
+}
+
+fn runtime() -> Result<&'static ort::environment::Environment, LoadError> {
+    if RUNTIME.get().is_none() {
+        init_runtime(None).map_err(LoadError::new)?;
+    }
+    match RUNTIME.get() {
+        Some(Ok(env)) => Ok(env),
+        Some(Err(e)) => Err(LoadError::new(e.clone())),
+        None => Err(LoadError::new(missing_runtime_message("not initialised"))),
+    }
+}
+
+fn thread_parameter(config: &ModelConfig, key: &str) -> Result<usize, LoadError> {
+    match string_parameter(config, key) {
+        None => Ok(1),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| LoadError::new(format!("parameter {key} must be a non-negative integer, got '{v}'"))),
+    }
+}
+
+fn open_session(path: &Path, intra: usize, inter: usize) -> Result<Session, LoadError> {
+    if !path.exists() {
+        return Err(LoadError::new(format!("model file {} not found", path.display())));
+    }
+    let fail = |e: String| LoadError::new(format!("ONNX Runtime cannot load {}: {e}", path.display()));
+    Session::builder(runtime()?)
+        .map_err(|e| fail(e.to_string()))?
+        .with_intra_threads(intra)
+        .map_err(|e| fail(e.to_string()))?
+        .with_inter_threads(inter)
+        .map_err(|e| fail(e.to_string()))?
+        .commit_from_file(path)
+        .map_err(|e| fail(e.to_string()))
+}
+
+fn datatype_of(ty: TensorElementType) -> Option<DataType> {
+    Some(match ty {
+        TensorElementType::Bool => DataType::Bool,
+        TensorElementType::Uint8 => DataType::Uint8,
+        TensorElementType::Uint16 => DataType::Uint16,
+        TensorElementType::Uint32 => DataType::Uint32,
+        TensorElementType::Uint64 => DataType::Uint64,
+        TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Float16 => DataType::Fp16,
+        TensorElementType::Float32 => DataType::Fp32,
+        TensorElementType::Float64 => DataType::Fp64,
+        TensorElementType::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+/// What the model file declares, for auto-completion.
+pub fn signature(path: &Path) -> Result<ModelSignature, LoadError> {
+    runtime()?;
+    let session = open_session(path, 1, 1)?;
+    let describe = |outlets: &[ort::value::Outlet]| -> Result<Vec<TensorSignature>, LoadError> {
+        outlets
+            .iter()
+            .map(|o| match o.dtype() {
+                ValueType::Tensor { ty, shape, .. } => Ok(TensorSignature {
+                    name: o.name().to_owned(),
+                    datatype: datatype_of(*ty).ok_or_else(|| {
+                        LoadError::new(format!("tensor '{}' has element type {ty:?}, which tessera does not serve", o.name()))
+                    })?,
+                    dims: shape.iter().copied().collect(),
+                }),
+                other => Err(LoadError::new(format!("'{}' is a {other:?}, not a tensor", o.name()))),
+            })
+            .collect()
+    };
+    Ok(ModelSignature { inputs: describe(session.inputs())?, outputs: describe(session.outputs())? })
+}
+
+/// How a configured input reaches the session.
+#[derive(Clone)]
+struct InputPlan {
+    name: String,
+    /// `reshape`: the non-batch shape the model expects, if it differs from `dims`.
+    reshape: Option<Vec<i64>>,
+}
+
+struct Plan {
+    batched: bool,
+    inputs: Vec<InputPlan>,
+    outputs: Vec<(String, Option<Vec<i64>>)>,
+}
+
+/// One ONNX Runtime session.
+pub struct OnnxInstance {
+    session: Arc<Mutex<Session>>,
+    plan: Arc<Plan>,
+}
+
+pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
+    runtime()?;
+    let config = &ctx.config;
+    let path = model_file(config, &ctx.version_dir, "model.onnx");
+    let intra = thread_parameter(config, "intra_op_thread_count")?;
+    let inter = thread_parameter(config, "inter_op_thread_count")?;
+    let plan = Arc::new(Plan {
+        batched: config.max_batch_size > 0,
+        inputs: config
+            .input
+            .iter()
+            .map(|i| InputPlan { name: i.name.clone(), reshape: i.reshape.as_ref().map(|r| r.shape.clone()) })
+            .collect(),
+        outputs: config
+            .output
+            .iter()
+            .map(|o| (o.name.clone(), o.reshape.as_ref().map(|_| o.dims.clone())))
+            .collect(),
+    });
+    let declared = signature(&path)?;
+    for input in &config.input {
+        if !declared.inputs.iter().any(|s| s.name == input.name) {
+            return Err(LoadError::new(format!(
+                "configuration input '{}' is not an input of {} (it has: {})",
+                input.name,
+                path.display(),
+                declared.inputs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    for output in &config.output {
+        if !declared.outputs.iter().any(|s| s.name == output.name) {
+            return Err(LoadError::new(format!(
+                "configuration output '{}' is not an output of {}",
+                output.name,
+                path.display()
+            )));
+        }
+    }
+    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
+    for _ in 0..super::instance_count(config) {
+        let session = open_session(&path, intra, inter)?;
+        instances.push(Box::new(OnnxInstance { session: Arc::new(Mutex::new(session)), plan: plan.clone() }));
+    }
+    Ok(instances)
+}
+
+impl ModelInstance for OnnxInstance {
+    fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed> {
+        let session = self.session.clone();
+        let plan = self.plan.clone();
+        let n = batch.len();
+        async move {
+            let joined = tokio::task::spawn_blocking(move || {
+                let mut session = session.lock().unwrap_or_else(|p| p.into_inner());
+                run(&mut session, &plan, &batch)
+            })
+            .await;
+            match joined {
+                Ok(executed) => executed,
+                Err(e) => failed(n, InferError::internal(format!("ONNX Runtime execution panicked: {e}")), ComputeTiming::default()),
+            }
+        }
+        .boxed()
+    }
+}
+
+fn failed(n: usize, error: InferError, timing: ComputeTiming) -> Executed {
+    Executed { results: (0..n).map(|_| Err(error.clone())).collect(), timing }
+}
+
+/// Runs one batch: concatenate, run, split.
+fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
+    let t0 = Instant::now();
+    let rows: Vec<usize> = batch
+        .iter()
+        .map(|r| {
+            if plan.batched {
+                r.inputs.first().and_then(|t| t.shape.first()).map_or(1, |&d| d.max(0) as usize)
+            } else {
+                1
+            }
+        })
+        .collect();
+    let total_rows: usize = rows.iter().sum();
+    let mut inputs: Vec<(String, DynValue)> = Vec::with_capacity(plan.inputs.len());
+    for input in &plan.inputs {
+        let parts: Vec<&Tensor> = batch.iter().filter_map(|r| r.inputs.iter().find(|t| t.name == input.name)).collect();
+        if parts.is_empty() {
+            continue; // optional input left out by every request of the batch
+        }
+        match merge(parts, total_rows, plan.batched, input.reshape.as_deref()).and_then(to_ort) {
+            Ok(value) => inputs.push((input.name.clone(), value)),
+            Err(e) => return failed(batch.len(), e, ComputeTiming::default()),
+        }
+    }
+    let t1 = Instant::now();
+    let outputs = match session.run(inputs) {
+        Ok(o) => o,
+        Err(e) => {
+            let timing = ComputeTiming { input: t1 - t0, infer: t1.elapsed(), ..Default::default() };
+            return failed(batch.len(), InferError::internal(format!("ONNX Runtime: {e}")), timing);
+        }
+    };
+    let t2 = Instant::now();
+    let mut per_request: Vec<Vec<Tensor>> = vec![Vec::new(); batch.len()];
+    for (name, dims) in &plan.outputs {
+        let Some(value) = outputs.get(name.as_str()) else {
+            return failed(batch.len(), InferError::internal(format!("ONNX Runtime produced no output '{name}'")), ComputeTiming::default());
+        };
+        let tensor = match from_ort(name, value) {
+            Ok(t) => t,
+            Err(e) => return failed(batch.len(), e, ComputeTiming::default()),
+        };
+        match split(tensor, &rows, plan.batched, dims.as_deref()) {
+            Ok(parts) => {
+                for (slot, part) in per_request.iter_mut().zip(parts) {
+                    slot.push(part);
+                }
+            }
+            Err(e) => return failed(batch.len(), e, ComputeTiming::default()),
+        }
+    }
+    drop(outputs);
+    let results: Vec<InferResult> = per_request
+        .into_iter()
+        .map(|outputs| Ok(InferResponse { outputs, ..Default::default() }))
+        .collect();
+    let timing = ComputeTiming { input: t1 - t0, infer: t2 - t1, output: t2.elapsed() };
+    Executed { results, timing }
+}
+
+/// Concatenates one input of every request along the batch dimension.
+fn merge(parts: Vec<&Tensor>, total_rows: usize, batched: bool, reshape: Option<&[i64]>) -> Result<Tensor, InferError> {
+    let first = parts[0];
+    let inner: Vec<i64> = match reshape {
+        Some(r) => r.to_vec(),
+        None if batched => first.shape[1..].to_vec(),
+        None => first.shape.clone(),
+    };
+    let mut shape = Vec::with_capacity(inner.len() + 1);
+    if batched {
+        shape.push(total_rows as i64);
+    }
+    shape.extend(inner);
+    let data = if parts.len() == 1 {
+        first.data.clone()
+    } else {
+        match &first.data {
+            TensorData::Raw(_) => TensorData::Raw(
+                parts
+                    .iter()
+                    .flat_map(|t| match &t.data {
+                        TensorData::Raw(b) => b.as_slice(),
+                        TensorData::Elements(_) => &[],
+                    })
+                    .copied()
+                    .collect(),
+            ),
+            TensorData::Elements(_) => TensorData::Elements(
+                parts
+                    .iter()
+                    .flat_map(|t| match &t.data {
+                        TensorData::Elements(e) => e.clone(),
+                        TensorData::Raw(_) => Vec::new(),
+                    })
+                    .collect(),
+            ),
+        }
+    };
+    let merged = Tensor::new(first.name.clone(), first.datatype, shape, data);
+    merged.check_consistent().map_err(InferError::invalid)?;
+    Ok(merged)
+}
+
+/// Splits an output into per-request tensors of `rows` rows each.
+fn split(tensor: Tensor, rows: &[usize], batched: bool, dims: Option<&[i64]>) -> Result<Vec<Tensor>, InferError> {
+    if !batched {
+        let mut t = tensor;
+        if let Some(d) = dims {
+            t.shape = d.to_vec();
+        }
+        return Ok(vec![t]);
+    }
+    let total: usize = rows.iter().sum();
+    let produced_rows = tensor.shape.first().copied().unwrap_or(0);
+    if produced_rows != total as i64 {
+        return Err(InferError::internal(format!(
+            "output '{}' has {produced_rows} rows for a batch of {total}",
+            tensor.name
+        )));
+    }
+    let inner: Vec<i64> = match dims {
+        Some(d) => d.to_vec(),
+        None => tensor.shape[1..].to_vec(),
+    };
+    let per_row = crate::tensor::element_count(&tensor.shape[1..]).unwrap_or(0);
+    let shape_of = |r: usize| {
+        let mut s = vec![r as i64];
+        s.extend(&inner);
+        s
+    };
+    if rows.len() == 1 {
+        return Ok(vec![Tensor { shape: shape_of(rows[0]), ..tensor }]);
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    let mut start = 0;
+    match &tensor.data {
+        TensorData::Raw(bytes) => {
+            let row_bytes = per_row * tensor.datatype.size().unwrap_or(1);
+            for &r in rows {
+                let chunk = bytes[start * row_bytes..(start + r) * row_bytes].to_vec();
+                out.push(Tensor::new(tensor.name.clone(), tensor.datatype, shape_of(r), TensorData::Raw(chunk)));
+                start += r;
+            }
+        }
+        TensorData::Elements(items) => {
+            for &r in rows {
+                let chunk = items[start * per_row..(start + r) * per_row].to_vec();
+                out.push(Tensor::new(tensor.name.clone(), tensor.datatype, shape_of(r), TensorData::Elements(chunk)));
+                start += r;
+            }
+        }
+    }
+    Ok(out)
+}
+
+macro_rules! numeric_types {
+    ($m:ident) => {
+        $m! {
+            Fp32 => f32, Fp64 => f64,
+            Int8 => i8, Int16 => i16, Int32 => i32, Int64 => i64,
+            Uint8 => u8, Uint16 => u16, Uint32 => u32, Uint64 => u64
+        }
+    };
+}
+
+fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
+    let ort_err = |e: ort::Error| InferError::internal(format!("ONNX Runtime input '{}': {e}", tensor.name));
+    let shape = tensor.shape.clone();
+    macro_rules! convert {
+        ($($dt:ident => $t:ty),*) => {
+            match (&tensor.data, tensor.datatype) {
+                $((TensorData::Raw(b), DataType::$dt) => {
+                    let values: Vec<$t> = b
+                        .chunks_exact(std::mem::size_of::<$t>())
+                        .map(|c| <$t>::from_le_bytes(c.try_into().unwrap_or_default()))
+                        .collect();
+                    OrtTensor::from_array((shape, values)).map(|t| t.into_dyn()).map_err(ort_err)
+                })*
+                (TensorData::Raw(b), DataType::Bool) => {
+                    let values: Vec<bool> = b.iter().map(|&v| v != 0).collect();
+                    OrtTensor::from_array((shape, values)).map(|t| t.into_dyn()).map_err(ort_err)
+                }
+                (TensorData::Elements(items), DataType::Bytes) => {
+                    let strings = items
+                        .iter()
+                        .map(|e| String::from_utf8(e.clone()))
+                        .collect::<Result<Vec<String>, _>>()
+                        .map_err(|_| InferError::invalid(format!("input '{}': ONNX string tensors must be UTF-8", tensor.name)))?;
+                    OrtTensor::from_string_array((shape, strings.as_slice())).map(|t| t.into_dyn()).map_err(ort_err)
+                }
+                (_, dt) => Err(InferError::invalid(format!("input '{}': datatype {dt} is not supported by the ONNX Runtime backend", tensor.name))),
+            }
+        };
+    }
+    numeric_types!(convert)
+}
+
+fn from_ort(name: &str, value: &DynValue) -> Result<Tensor, InferError> {
+    let err = |e: ort::Error| InferError::internal(format!("ONNX Runtime output '{name}': {e}"));
+    let ValueType::Tensor { ty, .. } = value.dtype() else {
+        return Err(InferError::internal(format!("output '{name}' is not a tensor")));
+    };
+    macro_rules! convert {
+        ($($dt:ident => $t:ty),*) => {
+            match *ty {
+                $(t if datatype_of(t) == Some(DataType::$dt) => {
+                    let (shape, data) = value.try_extract_tensor::<$t>().map_err(err)?;
+                    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    Ok(Tensor::new(name, DataType::$dt, shape.to_vec(), TensorData::Raw(bytes)))
+                })*
+                TensorElementType::Bool => {
+                    let (shape, data) = value.try_extract_tensor::<bool>().map_err(err)?;
+                    Ok(Tensor::new(name, DataType::Bool, shape.to_vec(), TensorData::Raw(data.iter().map(|&b| u8::from(b)).collect())))
+                }
+                TensorElementType::String => {
+                    let (shape, data) = value.try_extract_strings().map_err(err)?;
+                    Ok(Tensor::new(name, DataType::Bytes, shape.to_vec(), TensorData::Elements(data.into_iter().map(String::into_bytes).collect())))
+                }
+                other => Err(InferError::internal(format!("output '{name}' has element type {other:?}, which tessera does not serve"))),
+            }
+        };
+    }
+    numeric_types!(convert)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_and_split_round_trip() {
+        let a = Tensor::from_f32("x", vec![1, 2], &[1.0, 2.0]);
+        let b = Tensor::from_f32("x", vec![2, 2], &[3.0, 4.0, 5.0, 6.0]);
+        let merged = merge(vec![&a, &b], 3, true, None).expect("merges");
+        assert_eq!(merged.shape, vec![3, 2]);
+        let parts = split(merged, &[1, 2], true, None).expect("splits");
+        assert_eq!(parts[0], a);
+        assert_eq!(parts[1], b);
+    }
+
+    #[test]
+    fn split_refuses_wrong_row_count() {
+        let t = Tensor::from_f32("y", vec![2, 1], &[1.0, 2.0]);
+        assert!(split(t, &[1, 2], true, None).is_err());
+    }
+}

@@ -1,0 +1,303 @@
+//! Model configuration: Triton's `ModelConfig` protobuf, read from `config.pbtxt` (protobuf text
+//! format) and written back as the JSON Triton returns from `GET /v2/models/{m}/config`.
+//!
+//! The schema lives once, in `host/proto/model_config.proto`, with Triton's message and field names
+//! and numbers. prost generates the typed structs ([`pb`]); prost-reflect parses the text format
+//! against the same descriptor, so unknown fields are rejected with their line and column.
+
+use std::path::Path;
+use std::sync::LazyLock;
+
+use miette::Diagnostic;
+use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
+
+use crate::tensor::DataType;
+
+mod autocomplete;
+mod validate;
+
+pub use autocomplete::{ModelSignature, TensorSignature, autocomplete};
+pub use validate::validate;
+
+/// Types generated from `model_config.proto` (package `inference`, as in Triton).
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
+}
+
+pub use pb::ModelConfig;
+
+static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(include_bytes!(concat!(env!("OUT_DIR"), "/model_config.bin")).as_ref())
+        .expect("the embedded descriptor set was produced by build.rs from a valid schema")
+});
+
+fn model_config_descriptor() -> prost_reflect::MessageDescriptor {
+    DESCRIPTORS
+        .get_message_by_name("inference.ModelConfig")
+        .expect("the schema defines inference.ModelConfig")
+}
+
+/// A configuration that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}:{line}:{column}: {message}")]
+    Syntax { path: String, line: usize, column: usize, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Parses `config.pbtxt` text. `path` only labels errors.
+pub fn parse(text: &str, path: &str) -> Result<ModelConfig, ConfigError> {
+    let text = &colon_before_message_lists(text);
+    let message = DynamicMessage::parse_text_format(model_config_descriptor(), text).map_err(|e| {
+        let offset = e
+            .labels()
+            .and_then(|mut labels| labels.next())
+            .map(|label| label.offset())
+            .unwrap_or(0);
+        let (line, column) = line_and_column(text, offset);
+        ConfigError::Syntax { path: path.to_owned(), line, column, message: e.to_string() }
+    })?;
+    message
+        .transcode_to::<ModelConfig>()
+        .map_err(|e| ConfigError::Invalid(format!("{path}: {e}")))
+}
+
+/// Reads and parses a `config.pbtxt` file.
+pub fn read(path: &Path) -> Result<ModelConfig, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ConfigError::Io { path: path.display().to_string(), source })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Writes `field [ {...} ]` as `field: [ {...} ]`.
+///
+/// The text-format spec makes the colon optional before a list of messages, and nearly every
+/// Triton config omits it (`input [ { ... } ]`), but prost-reflect 0.16 only accepts the list
+/// after a colon. An identifier directly followed by `[` can only be such a field name, so
+/// adding the colon changes nothing else. The colon replaces a blank where there is one, keeping
+/// line and column numbers of later errors exact. Strings and `#` comments are left alone.
+fn colon_before_message_lists(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut i = 0;
+    let mut last = 0; // start of the text not yet copied
+    while i < bytes.len() {
+        match bytes[i] {
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            quote @ (b'"' | b'\'') => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != quote && bytes[i] != b'\n' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                let mut j = i;
+                while j < bytes.len() && (bytes[j] == b' ' || bytes[j] == b'\t') {
+                    j += 1;
+                }
+                if j < bytes.len() && bytes[j] == b'[' {
+                    out.push_str(&text[last..i]);
+                    if j > i {
+                        out.push(':');
+                        out.push_str(&text[i + 1..j]);
+                    } else {
+                        out.push(':');
+                    }
+                    last = j;
+                }
+                i = j.max(i);
+            }
+            _ => i += 1,
+        }
+    }
+    out.push_str(&text[last.min(text.len())..]);
+    out
+}
+
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+/// The configuration as Triton's JSON: proto field names, every field present, enums by name,
+/// 64-bit integers as strings (protobuf's JSON mapping, which Triton's clients expect).
+pub fn to_json(config: &ModelConfig) -> serde_json::Value {
+    let mut message = DynamicMessage::new(model_config_descriptor());
+    if message.transcode_from(config).is_err() {
+        return serde_json::Value::Null;
+    }
+    let options = SerializeOptions::new()
+        .use_proto_field_name(true)
+        .skip_default_fields(false);
+    message
+        .serialize_with_options(serde_json::value::Serializer, &options)
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// The KServe datatype of a config `DataType` (`TYPE_STRING` is `BYTES`).
+pub fn datatype_from_config(data_type: i32) -> Option<DataType> {
+    use pb::DataType as C;
+    Some(match C::try_from(data_type).ok()? {
+        C::TypeBool => DataType::Bool,
+        C::TypeUint8 => DataType::Uint8,
+        C::TypeUint16 => DataType::Uint16,
+        C::TypeUint32 => DataType::Uint32,
+        C::TypeUint64 => DataType::Uint64,
+        C::TypeInt8 => DataType::Int8,
+        C::TypeInt16 => DataType::Int16,
+        C::TypeInt32 => DataType::Int32,
+        C::TypeInt64 => DataType::Int64,
+        C::TypeFp16 => DataType::Fp16,
+        C::TypeFp32 => DataType::Fp32,
+        C::TypeFp64 => DataType::Fp64,
+        C::TypeString => DataType::Bytes,
+        C::TypeInvalid | C::TypeBf16 => return None,
+    })
+}
+
+/// The config `DataType` of a KServe datatype.
+pub fn datatype_to_config(datatype: DataType) -> pb::DataType {
+    use pb::DataType as C;
+    match datatype {
+        DataType::Bool => C::TypeBool,
+        DataType::Uint8 => C::TypeUint8,
+        DataType::Uint16 => C::TypeUint16,
+        DataType::Uint32 => C::TypeUint32,
+        DataType::Uint64 => C::TypeUint64,
+        DataType::Int8 => C::TypeInt8,
+        DataType::Int16 => C::TypeInt16,
+        DataType::Int32 => C::TypeInt32,
+        DataType::Int64 => C::TypeInt64,
+        DataType::Fp16 => C::TypeFp16,
+        DataType::Fp32 => C::TypeFp32,
+        DataType::Fp64 => C::TypeFp64,
+        DataType::Bytes => C::TypeString,
+    }
+}
+
+/// What runs a model, from `platform` / `backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Onnx,
+    Wasm,
+    Ensemble,
+}
+
+impl BackendKind {
+    /// Resolves the backend, or says why this server cannot run the model.
+    pub fn of(config: &ModelConfig) -> Result<BackendKind, String> {
+        match (config.platform.as_str(), config.backend.as_str()) {
+            ("onnxruntime_onnx", "" | "onnxruntime") | ("", "onnxruntime") => Ok(BackendKind::Onnx),
+            ("", "wasm") => Ok(BackendKind::Wasm),
+            ("ensemble", "") => Ok(BackendKind::Ensemble),
+            ("", "") => Err("the configuration names neither a platform nor a backend".into()),
+            (platform, "") => Err(format!(
+                "platform '{platform}' is not supported by tessera (supported: onnxruntime_onnx, ensemble; backends onnxruntime, wasm)"
+            )),
+            (_, backend) => Err(format!(
+                "backend '{backend}' is not supported by tessera (supported: onnxruntime, wasm; Python models become Wasm handlers, see docs/writing-handlers.md)"
+            )),
+        }
+    }
+}
+
+/// The `dynamic_batching` block, if the model has one.
+pub fn dynamic_batching(config: &ModelConfig) -> Option<&pb::ModelDynamicBatching> {
+    match &config.scheduling_choice {
+        Some(pb::model_config::SchedulingChoice::DynamicBatching(d)) => Some(d),
+        _ => None,
+    }
+}
+
+/// The `ensemble_scheduling` block, if the model is an ensemble.
+pub fn ensemble_scheduling(config: &ModelConfig) -> Option<&pb::ModelEnsembling> {
+    match &config.scheduling_choice {
+        Some(pb::model_config::SchedulingChoice::EnsembleScheduling(e)) => Some(e),
+        _ => None,
+    }
+}
+
+/// A string parameter from the config's `parameters` map.
+pub fn string_parameter<'a>(config: &'a ModelConfig, key: &str) -> Option<&'a str> {
+    config.parameters.get(key).map(|p| p.string_value.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_triton_add_sub() {
+        let text = r#"
+            name: "add_sub"  # trailing comment
+            backend: "python"
+            max_batch_size: 8
+            input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+            input { name: "INPUT1" data_type: TYPE_FP32 dims: 16 }
+            dynamic_batching { }
+        "#;
+        let config = parse(text, "config.pbtxt").expect("parses");
+        assert_eq!(config.max_batch_size, 8);
+        assert_eq!(config.input.len(), 2);
+        assert_eq!(config.input[1].dims, vec![16]);
+        assert!(dynamic_batching(&config).is_some());
+    }
+
+    #[test]
+    fn message_lists_without_colon() {
+        assert_eq!(colon_before_message_lists("input [ { } ]"), "input:[ { } ]");
+        assert_eq!(colon_before_message_lists("input[{}]"), "input:[{}]");
+        assert_eq!(colon_before_message_lists("dims: [ 1 ]"), "dims: [ 1 ]");
+        assert_eq!(colon_before_message_lists("name: \"a [\" # b [\n"), "name: \"a [\" # b [\n");
+    }
+
+    #[test]
+    fn unknown_field_names_field_and_line() {
+        let text = "name: \"m\"\nmax_batch_size: 1\nmax_bach_size: 2\n";
+        let err = parse(text, "m/config.pbtxt").expect_err("must fail").to_string();
+        assert!(err.contains("m/config.pbtxt:3:"), "{err}");
+        assert!(err.contains("max_bach_size"), "{err}");
+    }
+
+    #[test]
+    fn json_uses_triton_shape() {
+        let config = parse(
+            "name: \"m\" max_batch_size: 4 input { name: \"x\" data_type: TYPE_FP32 dims: [ 3 ] }",
+            "c",
+        )
+        .expect("parses");
+        let json = to_json(&config);
+        assert_eq!(json["name"], "m");
+        assert_eq!(json["max_batch_size"], 4);
+        assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
+        assert_eq!(json["input"][0]["dims"][0], "3");
+    }
+
+    #[test]
+    fn every_reference_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/triton-configs");
+        let mut count = 0;
+        for entry in std::fs::read_dir(&dir).expect("test data present") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "pbtxt") {
+                read(&path).unwrap_or_else(|e| panic!("{e}"));
+                count += 1;
+            }
+        }
+        assert!(count >= 9, "expected the reference configs, found {count}");
+    }
+}

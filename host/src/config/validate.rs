@@ -1,0 +1,99 @@
+//! Checks a configuration makes sense before a model is loaded, so problems surface at load time
+//! with a message naming the field, not as odd behaviour under traffic.
+
+use std::collections::HashSet;
+
+use super::{ConfigError, ModelConfig, datatype_from_config};
+use crate::tensor::element_count;
+
+/// Validates the parts of the configuration every backend relies on.
+pub fn validate(config: &ModelConfig) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    if config.max_batch_size < 0 {
+        return invalid(format!("max_batch_size must be >= 0, got {}", config.max_batch_size));
+    }
+    let mut seen = HashSet::new();
+    for (kind, name, data_type, dims, reshape) in config
+        .input
+        .iter()
+        .map(|i| ("input", &i.name, i.data_type, &i.dims, i.reshape.as_ref()))
+        .chain(config.output.iter().map(|o| ("output", &o.name, o.data_type, &o.dims, o.reshape.as_ref())))
+    {
+        if name.is_empty() {
+            return invalid(format!("an {kind} has no name"));
+        }
+        if !seen.insert((kind, name)) {
+            return invalid(format!("{kind} '{name}' is declared twice"));
+        }
+        if datatype_from_config(data_type).is_none() {
+            return invalid(format!("{kind} '{name}' has an unsupported or missing data_type"));
+        }
+        if let Some(d) = dims.iter().find(|&&d| d == 0 || d < -1) {
+            return invalid(format!("{kind} '{name}' has invalid dimension {d} (use -1 for variable)"));
+        }
+        if let Some(reshape) = reshape
+            && !dims.contains(&-1)
+            && !reshape.shape.contains(&-1)
+            && element_count(dims) != element_count(&reshape.shape)
+        {
+            return invalid(format!(
+                "{kind} '{name}': reshape {:?} does not hold the {:?} elements of dims",
+                reshape.shape, dims
+            ));
+        }
+    }
+    if let Some(batching) = super::dynamic_batching(config) {
+        if config.max_batch_size == 0 {
+            return invalid("dynamic_batching needs max_batch_size > 0".into());
+        }
+        if let Some(p) = batching
+            .preferred_batch_size
+            .iter()
+            .find(|&&p| p <= 0 || p > config.max_batch_size)
+        {
+            return invalid(format!(
+                "preferred_batch_size {p} must be in 1..={}",
+                config.max_batch_size
+            ));
+        }
+        if batching.priority_levels > 0
+            && (batching.default_priority_level == 0
+                || batching.default_priority_level > batching.priority_levels)
+        {
+            return invalid(format!(
+                "default_priority_level must be in 1..={} when priority_levels is set",
+                batching.priority_levels
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse;
+    use super::*;
+
+    fn check(text: &str) -> Result<(), ConfigError> {
+        validate(&parse(text, "c").expect("parses"))
+    }
+
+    #[test]
+    fn accepts_a_plain_model() {
+        check("max_batch_size: 8 input { name: \"a\" data_type: TYPE_FP32 dims: [16] } output { name: \"b\" data_type: TYPE_FP32 dims: [-1] }").expect("valid");
+    }
+
+    #[test]
+    fn rejects_zero_dims_and_duplicates() {
+        let e = check("input { name: \"a\" data_type: TYPE_FP32 dims: [0] }").expect_err("zero dim");
+        assert!(e.to_string().contains("invalid dimension 0"));
+        let e = check("input { name: \"a\" data_type: TYPE_FP32 dims: [1] } input { name: \"a\" data_type: TYPE_FP32 dims: [1] }").expect_err("dup");
+        assert!(e.to_string().contains("declared twice"));
+    }
+
+    #[test]
+    fn rejects_batching_without_batch_size() {
+        let e = check("dynamic_batching { }").expect_err("needs batch");
+        assert!(e.to_string().contains("max_batch_size > 0"));
+    }
+}

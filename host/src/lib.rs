@@ -1,0 +1,20 @@
+//! Tessera: a KServe v2 inference server for Triton model repositories, with WebAssembly handlers
+//! in place of Triton's Python backend.
+//!
+//! The request path, top to bottom:
+//! [`protocol`] decodes a request → [`server::Server::infer`] finds the model version in the
+//! [`repository`] → [`model::ModelVersion::infer`] checks it against the [`config`] → the
+//! [`scheduler`] queues and batches it → a [`backend`] instance executes the batch → the response
+//! travels back the same way. Ensemble steps and Wasm handlers' `infer` calls enter at
+//! `Server::infer` too, so every request of a model shares one queue and one batcher.
+
+pub mod backend;
+pub mod config;
+pub mod infer;
+pub mod metrics;
+pub mod model;
+pub mod protocol;
+pub mod repository;
+pub mod scheduler;
+pub mod server;
+pub mod tensor;

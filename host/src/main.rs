@@ -1,0 +1,189 @@
+//! The `tessera` command: serve a model repository over KServe v2, or check one.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{ArgAction, Args, Parser, Subcommand};
+use tessera::repository::{LoadOptions, ModelState};
+use tessera::server::{Server, ServerOptions};
+use tracing_subscriber::EnvFilter;
+
+/// A KServe v2 inference server for Triton model repositories, with WebAssembly handlers.
+///
+/// Flags use tritonserver's spellings, so existing launch scripts keep working.
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Load every model configuration without serving; print each model version's state and
+    /// exit non-zero when any fails.
+    Check(RepositoryArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct RepositoryArgs {
+    /// Model repository path; give it several times to serve several repositories.
+    #[arg(long = "model-repository", required = true)]
+    model_repository: Vec<PathBuf>,
+    /// Require complete `config.pbtxt` files; `false` derives inputs, outputs and
+    /// max_batch_size of ONNX models from the model file (Triton's auto-complete).
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    strict_model_config: bool,
+    /// The ONNX Runtime shared library (`libonnxruntime.so.*` from the `onnxruntime` wheel).
+    #[arg(long, env = "ORT_DYLIB_PATH")]
+    onnxruntime_library: Option<PathBuf>,
+    /// Where compiled Wasm handlers are cached between runs [default: ~/.cache/tessera/wasm].
+    #[arg(long, env = "TESSERA_WASM_CACHE_DIR")]
+    wasm_cache_dir: Option<PathBuf>,
+    /// Log detail: 0 = info, 1 = debug, 2 and more = trace. `RUST_LOG` overrides.
+    #[arg(long, default_value_t = 0)]
+    log_verbose: u8,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    #[command(flatten)]
+    repository: Option<RepositoryArgs>,
+    /// Address the HTTP, gRPC and metrics endpoints listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    http_address: String,
+    /// KServe v2 HTTP/REST port.
+    #[arg(long, default_value_t = 8000)]
+    http_port: u16,
+    /// Reserved for KServe v2 gRPC (not served yet).
+    #[arg(long, default_value_t = 8001)]
+    grpc_port: u16,
+    /// Reserved for Prometheus metrics (not served yet).
+    #[arg(long, default_value_t = 8002)]
+    metrics_port: u16,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    http_max_input_size: usize,
+    /// Report ready only when every model version is READY (Triton's `--strict-readiness`).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    strict_readiness: bool,
+    /// Exit at start-up when any model fails to load. Tessera defaults to false, unlike Triton:
+    /// one broken model should not take the others down.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    exit_on_error: bool,
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!("{default},cranelift_codegen=warn,wasmtime_cranelift=warn,ort=warn"))
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+}
+
+fn server_options(args: &RepositoryArgs, strict_readiness: bool) -> ServerOptions {
+    ServerOptions {
+        model_repositories: args.model_repository.clone(),
+        load: LoadOptions { strict_model_config: args.strict_model_config },
+        strict_readiness,
+        wasm_cache_dir: args.wasm_cache_dir.clone().or_else(default_cache_dir),
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("tessera").join("wasm"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Check(args)) => check(args).await,
+        None => {
+            let args = cli.serve.repository.clone().context("--model-repository is required")?;
+            serve(args, cli.serve).await
+        }
+    }
+}
+
+async fn start_core(args: &RepositoryArgs, strict_readiness: bool) -> anyhow::Result<Arc<Server>> {
+    init_logging(args.log_verbose);
+    if let Err(e) = tessera::backend::onnx::init_runtime(args.onnxruntime_library.as_deref()) {
+        tracing::warn!("{e}");
+    }
+    Server::start(server_options(args, strict_readiness)).await
+}
+
+async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
+    let server = start_core(&args, true).await?;
+    let rows = server.repository.index();
+    let mut failed = 0;
+    for row in &rows {
+        let version = if row.version.is_empty() { "-" } else { &row.version };
+        if row.state == ModelState::Ready {
+            println!("{}\t{version}\tREADY-to-load", row.name);
+        } else {
+            failed += 1;
+            println!("{}\t{version}\t{}: {}", row.name, row.state.as_str(), row.reason);
+        }
+    }
+    server.repository.unload_all();
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} model versions cannot load", rows.len());
+    }
+    Ok(())
+}
+
+async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
+    let server = start_core(&args, serve.strict_readiness).await?;
+    let broken: Vec<_> = server.repository.index().into_iter().filter(|r| r.state != ModelState::Ready).collect();
+    for row in &broken {
+        tracing::warn!(model = %row.name, version = %row.version, "{}: {}", row.state.as_str(), row.reason);
+    }
+    if serve.exit_on_error && !broken.is_empty() {
+        anyhow::bail!("{} model versions failed to load and --exit-on-error is set", broken.len());
+    }
+    let addr: SocketAddr = format!("{}:{}", serve.http_address, serve.http_port)
+        .parse()
+        .with_context(|| format!("invalid --http-address '{}'", serve.http_address))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    tracing::info!("KServe v2 HTTP on {}", listener.local_addr()?);
+    let app = tessera::protocol::http::router(server.clone(), serve.http_max_input_size);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("HTTP server failed")?;
+    tracing::info!("shutting down");
+    server.repository.unload_all();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.unwrap_or(());
+}

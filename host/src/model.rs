@@ -1,0 +1,267 @@
+//! A loaded model version: its configuration, its scheduler, and the two ends of the request path
+//! that are the same for every backend — checking a request against the configuration before it
+//! is queued, and shaping the response (requested outputs, classification) after it ran.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::{self, BackendKind, ModelConfig};
+use crate::infer::{InferError, InferRequest, InferResult, RequestedOutput};
+use crate::metrics::ModelStats;
+use crate::scheduler::Scheduler;
+use crate::tensor::{DataType, Tensor, TensorData};
+
+/// An input or output as the configuration declares it.
+#[derive(Clone, Debug)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: DataType,
+    /// Without the batch dimension; -1 for variable.
+    pub dims: Vec<i64>,
+    pub optional: bool,
+}
+
+impl TensorSpec {
+    /// The shape clients see: the batch dimension (-1) first when the model batches.
+    pub fn client_shape(&self, batched: bool) -> Vec<i64> {
+        let mut shape = Vec::with_capacity(self.dims.len() + 1);
+        if batched {
+            shape.push(-1);
+        }
+        shape.extend(&self.dims);
+        shape
+    }
+}
+
+/// The inputs and outputs of a configuration, resolved once.
+#[derive(Clone, Debug, Default)]
+pub struct Signature {
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl Signature {
+    pub fn of(config: &ModelConfig) -> Signature {
+        let spec = |name: &String, data_type: i32, dims: &Vec<i64>, optional: bool| TensorSpec {
+            name: name.clone(),
+            datatype: config::datatype_from_config(data_type).unwrap_or(DataType::Bytes),
+            dims: dims.clone(),
+            optional,
+        };
+        Signature {
+            inputs: config.input.iter().map(|i| spec(&i.name, i.data_type, &i.dims, i.optional)).collect(),
+            outputs: config.output.iter().map(|o| spec(&o.name, o.data_type, &o.dims, false)).collect(),
+        }
+    }
+}
+
+/// One READY version of a model.
+pub struct ModelVersion {
+    pub name: String,
+    pub version: i64,
+    pub kind: BackendKind,
+    pub config: Arc<ModelConfig>,
+    pub signature: Signature,
+    pub stats: Arc<ModelStats>,
+    /// Class labels per output, from `label_filename`.
+    labels: HashMap<String, Vec<String>>,
+    scheduler: Scheduler,
+}
+
+impl ModelVersion {
+    pub fn new(
+        name: String,
+        version: i64,
+        kind: BackendKind,
+        config: Arc<ModelConfig>,
+        labels: HashMap<String, Vec<String>>,
+        scheduler: Scheduler,
+        stats: Arc<ModelStats>,
+    ) -> ModelVersion {
+        let signature = Signature::of(&config);
+        ModelVersion { name, version, kind, config, signature, stats, labels, scheduler }
+    }
+
+    fn batched(&self) -> bool {
+        self.config.max_batch_size > 0
+    }
+
+    /// Requests queued for this version.
+    pub fn pending_count(&self) -> usize {
+        self.scheduler.pending_count()
+    }
+
+    /// Runs one request through this version's queue.
+    pub async fn infer(&self, request: InferRequest) -> InferResult {
+        let arrived = Instant::now();
+        let result = self.run(request).await;
+        self.stats.record_request(result.is_ok(), arrived.elapsed());
+        result
+    }
+
+    async fn run(&self, request: InferRequest) -> InferResult {
+        self.validate(&request)?;
+        let requested = request.outputs.clone();
+        let id = request.id.clone();
+        let mut response = self.scheduler.submit(request).await?;
+        response.outputs = self.select_outputs(std::mem::take(&mut response.outputs), &requested)?;
+        response.model_name.clone_from(&self.name);
+        response.model_version = self.version.to_string();
+        response.id = id;
+        Ok(response)
+    }
+
+    /// Checks names, datatypes, shapes and batch size against the configuration.
+    pub fn validate(&self, request: &InferRequest) -> Result<(), InferError> {
+        let model = &self.name;
+        let batched = self.batched();
+        let mut batch_size: Option<i64> = None;
+        for (i, tensor) in request.inputs.iter().enumerate() {
+            if request.inputs[..i].iter().any(|t| t.name == tensor.name) {
+                return Err(InferError::invalid(format!(
+                    "input '{}' is given more than once for model '{model}'",
+                    tensor.name
+                )));
+            }
+            let Some(spec) = self.signature.inputs.iter().find(|s| s.name == tensor.name) else {
+                return Err(InferError::invalid(format!(
+                    "unexpected inference input '{}' for model '{model}'",
+                    tensor.name
+                )));
+            };
+            if tensor.datatype != spec.datatype {
+                return Err(InferError::invalid(format!(
+                    "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
+                    tensor.name, tensor.datatype, spec.datatype
+                )));
+            }
+            let dims = if batched {
+                let Some((&b, rest)) = tensor.shape.split_first() else {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' for model '{model}' needs a batch dimension, got shape []",
+                        tensor.name
+                    )));
+                };
+                if b < 1 || b > i64::from(self.config.max_batch_size) {
+                    return Err(InferError::invalid(format!(
+                        "inference request batch-size must be <= {} for '{model}', got {b}",
+                        self.config.max_batch_size
+                    )));
+                }
+                if batch_size.is_some_and(|prev| prev != b) {
+                    return Err(InferError::invalid(format!(
+                        "inputs of a request to '{model}' must share one batch size"
+                    )));
+                }
+                batch_size = Some(b);
+                rest
+            } else {
+                &tensor.shape[..]
+            };
+            let fits = dims.len() == spec.dims.len()
+                && dims.iter().zip(&spec.dims).all(|(&d, &want)| want == -1 || d == want);
+            if !fits {
+                return Err(InferError::invalid(format!(
+                    "unexpected shape for input '{}' for model '{model}'. Expected {:?}, got {:?}",
+                    tensor.name,
+                    spec.client_shape(batched),
+                    tensor.shape
+                )));
+            }
+            tensor.check_consistent().map_err(InferError::invalid)?;
+        }
+        for spec in &self.signature.inputs {
+            if !spec.optional && !request.inputs.iter().any(|t| t.name == spec.name) {
+                return Err(InferError::invalid(format!(
+                    "expected {} inputs but got {} inputs for model '{model}': input '{}' is missing",
+                    self.signature.inputs.iter().filter(|s| !s.optional).count(),
+                    request.inputs.len(),
+                    spec.name
+                )));
+            }
+        }
+        for output in &request.outputs {
+            let Some(spec) = self.signature.outputs.iter().find(|s| s.name == output.name) else {
+                return Err(InferError::invalid(format!(
+                    "unexpected inference output '{}' for model '{model}'",
+                    output.name
+                )));
+            };
+            if output.class_count > 0 && spec.datatype == DataType::Bytes {
+                return Err(InferError::invalid(format!(
+                    "classification is not supported for BYTES output '{}'",
+                    output.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the requested outputs (all when none were named), applying classification.
+    fn select_outputs(&self, produced: Vec<Tensor>, requested: &[RequestedOutput]) -> Result<Vec<Tensor>, InferError> {
+        if requested.is_empty() {
+            return Ok(produced);
+        }
+        let mut produced: HashMap<String, Tensor> = produced.into_iter().map(|t| (t.name.clone(), t)).collect();
+        requested
+            .iter()
+            .map(|want| {
+                let tensor = produced.remove(&want.name).ok_or_else(|| {
+                    InferError::internal(format!("model '{}' did not produce output '{}'", self.name, want.name))
+                })?;
+                if want.class_count == 0 {
+                    return Ok(tensor);
+                }
+                let labels = self.labels.get(&want.name).map(Vec::as_slice).unwrap_or(&[]);
+                classify(&tensor, want.class_count as usize, self.batched(), labels)
+            })
+            .collect()
+    }
+}
+
+/// The classification extension: the top `k` classes of each batch row as "score:index[:label]".
+pub fn classify(tensor: &Tensor, k: usize, batched: bool, labels: &[String]) -> Result<Tensor, InferError> {
+    let values = tensor
+        .to_f64_vec()
+        .ok_or_else(|| InferError::invalid(format!("output '{}' cannot be classified", tensor.name)))?;
+    let rows = if batched { tensor.shape.first().copied().unwrap_or(1).max(1) as usize } else { 1 };
+    let per_row = values.len() / rows.max(1);
+    let k = k.min(per_row);
+    let mut elements = Vec::with_capacity(rows * k);
+    for row in values.chunks(per_row.max(1)) {
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        for &index in order.iter().take(k) {
+            let score = if tensor.datatype == DataType::Fp32 || tensor.datatype == DataType::Fp16 {
+                format!("{}", row[index] as f32)
+            } else {
+                format!("{}", row[index])
+            };
+            let entry = match labels.get(index) {
+                Some(label) => format!("{score}:{index}:{label}"),
+                None => format!("{score}:{index}"),
+            };
+            elements.push(entry.into_bytes());
+        }
+    }
+    let shape = if batched { vec![rows as i64, k as i64] } else { vec![k as i64] };
+    Ok(Tensor::new(tensor.name.clone(), DataType::Bytes, shape, TensorData::Elements(elements)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_orders_rows_and_names_labels() {
+        let t = Tensor::from_f32("p", vec![2, 3], &[0.1, 0.7, 0.2, 0.5, 0.25, 0.25]);
+        let labels = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+        let out = classify(&t, 2, true, &labels).expect("classifies");
+        assert_eq!(out.shape, vec![2, 2]);
+        let TensorData::Elements(e) = out.data else { panic!("bytes") };
+        assert_eq!(e[0], b"0.7:1:b");
+        assert_eq!(e[1], b"0.2:2:c");
+        assert_eq!(e[2], b"0.5:0:a");
+    }
+}

@@ -1,0 +1,286 @@
+//! KServe v2 over HTTP/REST (with Triton's extensions: model configuration, statistics,
+//! repository index, binary tensor data, classification).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::kserve::{decode_request, encode_response};
+use super::status_of;
+use crate::config;
+use crate::infer::{InferError, ParamValue};
+use crate::server::Server;
+
+const HEADER_LENGTH: &str = "inference-header-content-length";
+
+/// Extensions this server implements, as `GET /v2` lists them.
+pub const EXTENSIONS: &[&str] = &["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository"];
+
+#[derive(Clone)]
+struct AppState {
+    server: Arc<Server>,
+    max_body: usize,
+}
+
+/// The HTTP routes. `max_body` bounds a request body in bytes.
+pub fn router(server: Arc<Server>, max_body: usize) -> Router {
+    Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/stats", get(all_stats))
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/models/{model}", get(model_metadata))
+        .route("/v2/models/{model}/ready", get(model_ready))
+        .route("/v2/models/{model}/config", get(model_config))
+        .route("/v2/models/{model}/stats", get(model_stats))
+        .route("/v2/models/{model}/infer", post(infer))
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v))
+        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v))
+        .route("/v2/models/{model}/versions/{version}/config", get(model_config_v))
+        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats_v))
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
+        .fallback(not_found)
+        // The infer handler enforces the limit itself, with a KServe error body.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(AppState { server, max_body })
+}
+
+/// A KServe v2 error: `{"error": "..."}` with the status the error kind maps to.
+fn error_response(e: &InferError) -> Response {
+    (status_of(e.kind), axum::Json(json!({ "error": e.message }))).into_response()
+}
+
+fn json_ok(v: Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, axum::Json(json!({ "error": "Not Found" }))).into_response()
+}
+
+async fn server_metadata() -> Response {
+    json_ok(json!({ "name": "tessera", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }))
+}
+
+async fn live(State(s): State<AppState>) -> StatusCode {
+    if s.server.live() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+}
+
+async fn ready(State(s): State<AppState>) -> StatusCode {
+    if s.server.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+}
+
+fn parse_version(v: &str) -> Result<i64, InferError> {
+    v.parse::<i64>()
+        .ok()
+        .filter(|&v| v > 0)
+        .ok_or_else(|| InferError::invalid(format!("'{v}' is not a valid model version")))
+}
+
+fn metadata(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, InferError> {
+    let m = s.server.repository.ready_model(model, version)?;
+    let batched = m.config.max_batch_size > 0;
+    let tensors = |specs: &[crate::model::TensorSpec]| -> Vec<Value> {
+        specs
+            .iter()
+            .map(|t| json!({ "name": t.name, "datatype": t.datatype.name(), "shape": t.client_shape(batched) }))
+            .collect()
+    };
+    let versions: Vec<String> = match version {
+        Some(v) => vec![v.to_string()],
+        None => s.server.repository.versions(model).iter().map(i64::to_string).collect(),
+    };
+    let platform = match (m.config.platform.as_str(), m.config.backend.as_str()) {
+        ("", backend) => backend.to_owned(),
+        (platform, _) => platform.to_owned(),
+    };
+    Ok(json!({
+        "name": m.name,
+        "versions": versions,
+        "platform": platform,
+        "inputs": tensors(&m.signature.inputs),
+        "outputs": tensors(&m.signature.outputs),
+    }))
+}
+
+async fn model_metadata(State(s): State<AppState>, Path(model): Path<String>) -> Response {
+    metadata(&s, &model, None).map_or_else(|e| error_response(&e), json_ok)
+}
+
+async fn model_metadata_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+    parse_version(&version)
+        .and_then(|v| metadata(&s, &model, Some(v)))
+        .map_or_else(|e| error_response(&e), json_ok)
+}
+
+fn readiness(s: &AppState, model: &str, version: Option<i64>) -> Response {
+    match s.server.repository.ready_model(model, version) {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(e) if !s.server.repository.contains(model, version) => error_response(&e),
+        Err(_) => StatusCode::BAD_REQUEST.into_response(),
+    }
+}
+
+async fn model_ready(State(s): State<AppState>, Path(model): Path<String>) -> Response {
+    readiness(&s, &model, None)
+}
+
+async fn model_ready_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+    match parse_version(&version) {
+        Ok(v) => readiness(&s, &model, Some(v)),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn model_config_json(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, InferError> {
+    if !s.server.repository.contains(model, version) {
+        return Err(InferError::not_found(format!("Request for unknown model: '{model}' is not found")));
+    }
+    s.server
+        .repository
+        .config(model)
+        .map(|c| config::to_json(&c))
+        .ok_or_else(|| InferError::unavailable(format!("model '{model}' has no usable configuration")))
+}
+
+async fn model_config(State(s): State<AppState>, Path(model): Path<String>) -> Response {
+    model_config_json(&s, &model, None).map_or_else(|e| error_response(&e), json_ok)
+}
+
+async fn model_config_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+    parse_version(&version)
+        .and_then(|v| model_config_json(&s, &model, Some(v)))
+        .map_or_else(|e| error_response(&e), json_ok)
+}
+
+fn stats_json(s: &AppState, model: Option<&str>, version: Option<i64>) -> Result<Value, InferError> {
+    if let Some(m) = model
+        && !s.server.repository.contains(m, version)
+    {
+        return Err(InferError::not_found(format!("Request for unknown model: '{m}' is not found")));
+    }
+    let entries: Vec<Value> = s
+        .server
+        .repository
+        .ready_versions()
+        .iter()
+        .filter(|m| model.is_none_or(|name| m.name == name) && version.is_none_or(|v| m.version == v))
+        .map(|m| m.stats.snapshot().to_json(&m.name, &m.version.to_string()))
+        .collect();
+    Ok(json!({ "model_stats": entries }))
+}
+
+async fn all_stats(State(s): State<AppState>) -> Response {
+    stats_json(&s, None, None).map_or_else(|e| error_response(&e), json_ok)
+}
+
+async fn model_stats(State(s): State<AppState>, Path(model): Path<String>) -> Response {
+    stats_json(&s, Some(&model), None).map_or_else(|e| error_response(&e), json_ok)
+}
+
+async fn model_stats_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+    parse_version(&version)
+        .and_then(|v| stats_json(&s, Some(&model), Some(v)))
+        .map_or_else(|e| error_response(&e), json_ok)
+}
+
+async fn repository_index(State(s): State<AppState>) -> Response {
+    let rows: Vec<Value> = s
+        .server
+        .repository
+        .index()
+        .into_iter()
+        .map(|r| {
+            let mut row = json!({ "name": r.name, "state": r.state.as_str() });
+            if !r.version.is_empty() {
+                row["version"] = Value::from(r.version);
+            }
+            if !r.reason.is_empty() {
+                row["reason"] = Value::from(r.reason);
+            }
+            row
+        })
+        .collect();
+    json_ok(Value::Array(rows))
+}
+
+async fn infer(State(s): State<AppState>, Path(model): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    run_infer(s, model, None, headers, body).await
+}
+
+async fn infer_v(
+    State(s): State<AppState>,
+    Path((model, version)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match parse_version(&version) {
+        Ok(v) => run_infer(s, model, Some(v), headers, body).await,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                axum::Json(json!({ "error": format!("request body exceeds the limit of {limit} bytes (--http-max-input-size)") })),
+            )
+                .into_response()
+        } else {
+            error_response(&InferError::invalid(format!("failed to read the request body: {e}")))
+        }
+    })
+}
+
+async fn run_infer(s: AppState, model: String, version: Option<i64>, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_body(body, s.max_body).await {
+        Ok(b) => b,
+        Err(response) => return response,
+    };
+    let header_length = match headers.get(HEADER_LENGTH).map(|v| v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok())) {
+        None => None,
+        Some(Some(n)) => Some(n),
+        Some(None) => {
+            return error_response(&InferError::invalid("Inference-Header-Content-Length must be a non-negative integer"));
+        }
+    };
+    let request = match decode_request(&body, header_length) {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    let all_binary = matches!(request.parameters.get("binary_data_output"), Some(ParamValue::Bool(true)));
+    let binary_outputs: Vec<(String, bool)> = request.outputs.iter().map(|o| (o.name.clone(), o.binary)).collect();
+    let response = match s.server.infer(&model, version, request).await {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    let binary = |name: &str| {
+        binary_outputs.iter().find(|(n, _)| n == name).map_or(all_binary, |(_, b)| *b)
+    };
+    match encode_response(&response, binary) {
+        Ok(encoded) => {
+            let mut r = Response::new(Body::from(encoded.body));
+            let content_type = match encoded.header_length {
+                Some(n) => {
+                    r.headers_mut().insert(HEADER_LENGTH, HeaderValue::from(n));
+                    "application/octet-stream"
+                }
+                None => "application/json",
+            };
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            r
+        }
+        Err(e) => error_response(&e),
+    }
+}

@@ -1,0 +1,438 @@
+//! The model repository: Triton's on-disk layout, version policies, and each version's state.
+//!
+//! ```text
+//! <repository>/<model>/config.pbtxt
+//! <repository>/<model>/<label files>
+//! <repository>/<model>/<version>/model.onnx | model.wasm   (version: a positive integer)
+//! ```
+//!
+//! Every model version has a state; a model that fails to load is UNAVAILABLE with its reason
+//! and never keeps the others from serving.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, Weak};
+
+use crate::backend::{self, LoadContext};
+use crate::config::{self, BackendKind, ModelConfig, pb};
+use crate::infer::InferError;
+use crate::metrics::ModelStats;
+use crate::model::ModelVersion;
+use crate::scheduler::{BatchPolicy, Scheduler};
+use crate::server::Server;
+
+/// Lifecycle state of a model version, named as Triton names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelState {
+    Unavailable,
+    Loading,
+    Ready,
+    Unloading,
+}
+
+impl ModelState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelState::Unavailable => "UNAVAILABLE",
+            ModelState::Loading => "LOADING",
+            ModelState::Ready => "READY",
+            ModelState::Unloading => "UNLOADING",
+        }
+    }
+}
+
+/// State of one version.
+#[derive(Clone)]
+pub struct VersionStatus {
+    pub state: ModelState,
+    pub reason: String,
+    pub model: Option<Arc<ModelVersion>>,
+}
+
+/// A model directory and what became of it.
+#[derive(Clone, Default)]
+pub struct ModelEntry {
+    pub path: PathBuf,
+    /// Set when the configuration itself could not be used: no version loads then.
+    pub error: Option<String>,
+    pub config: Option<Arc<ModelConfig>>,
+    pub versions: BTreeMap<i64, VersionStatus>,
+}
+
+/// One row of the repository index.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexRow {
+    pub name: String,
+    /// Empty when the model failed before any version was known.
+    pub version: String,
+    pub state: ModelState,
+    pub reason: String,
+}
+
+/// How models are read.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// `--strict-model-config`: require `config.pbtxt` to be complete; no auto-completion.
+    pub strict_model_config: bool,
+}
+
+/// All models of all repository paths.
+pub struct Repository {
+    paths: Vec<PathBuf>,
+    models: RwLock<BTreeMap<String, ModelEntry>>,
+}
+
+impl Repository {
+    pub fn new(paths: Vec<PathBuf>) -> Repository {
+        Repository { paths, models: RwLock::new(BTreeMap::new()) }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, ModelEntry>> {
+        self.models.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ModelEntry>> {
+        self.models.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Model directories found in the repository paths (a name present twice is an error).
+    fn discover(&self) -> Result<BTreeMap<String, PathBuf>, String> {
+        let mut found = BTreeMap::new();
+        for root in &self.paths {
+            let entries = std::fs::read_dir(root)
+                .map_err(|e| format!("cannot read model repository {}: {e}", root.display()))?;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
+                if !path.is_dir() || name.starts_with('.') {
+                    continue;
+                }
+                if let Some(previous) = found.insert(name.clone(), path.clone()) {
+                    return Err(format!(
+                        "model '{name}' appears in two repositories: {} and {}",
+                        previous.display(),
+                        path.display()
+                    ));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Loads every model. Ensembles load last, as they refer to the others.
+    pub async fn load_all(&self, server: Weak<Server>, options: &LoadOptions) -> Result<(), String> {
+        let found = self.discover()?;
+        let mut prepared: Vec<(String, ModelEntry, Option<BackendKind>)> = found
+            .into_iter()
+            .map(|(name, path)| {
+                let (entry, kind) = prepare(&name, &path, options);
+                (name, entry, kind)
+            })
+            .collect();
+        prepared.sort_by_key(|(_, _, kind)| *kind == Some(BackendKind::Ensemble));
+        for (name, entry, kind) in prepared {
+            self.write().insert(name.clone(), entry.clone());
+            let Some(kind) = kind else { continue };
+            let loaded = load_versions(&name, entry, kind, &server).await;
+            self.write().insert(name, loaded);
+        }
+        Ok(())
+    }
+
+    /// The version that should answer a request: the given one, or the newest READY one.
+    pub fn ready_model(&self, name: &str, version: Option<i64>) -> Result<Arc<ModelVersion>, InferError> {
+        let models = self.read();
+        let Some(entry) = models.get(name) else {
+            return Err(InferError::not_found(format!("Request for unknown model: '{name}' is not found")));
+        };
+        match version {
+            Some(v) => match entry.versions.get(&v) {
+                Some(VersionStatus { model: Some(m), state: ModelState::Ready, .. }) => Ok(m.clone()),
+                Some(status) => Err(InferError::unavailable(format!(
+                    "Request for unknown model: '{name}' version {v} is not at ready state ({}{})",
+                    status.state.as_str(),
+                    if status.reason.is_empty() { String::new() } else { format!(": {}", status.reason) }
+                ))),
+                None => Err(InferError::not_found(format!(
+                    "Request for unknown model: '{name}' version {v} is not found"
+                ))),
+            },
+            None => entry
+                .versions
+                .values()
+                .rev()
+                .find_map(|s| (s.state == ModelState::Ready).then(|| s.model.clone()).flatten())
+                .ok_or_else(|| {
+                    let reason = entry
+                        .error
+                        .clone()
+                        .or_else(|| entry.versions.values().next_back().map(|s| s.reason.clone()))
+                        .unwrap_or_default();
+                    InferError::unavailable(format!(
+                        "Request for unknown model: '{name}' has no available versions{}",
+                        if reason.is_empty() { String::new() } else { format!(": {reason}") }
+                    ))
+                }),
+        }
+    }
+
+    /// Whether a model (or one version) exists at all, ready or not.
+    pub fn contains(&self, name: &str, version: Option<i64>) -> bool {
+        self.read()
+            .get(name)
+            .is_some_and(|e| version.is_none_or(|v| e.versions.contains_key(&v)))
+    }
+
+    /// The configuration of a model, even when no version is ready.
+    pub fn config(&self, name: &str) -> Option<Arc<ModelConfig>> {
+        self.read().get(name).and_then(|e| e.config.clone())
+    }
+
+    /// Version numbers known for a model.
+    pub fn versions(&self, name: &str) -> Vec<i64> {
+        self.read().get(name).map(|e| e.versions.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// Every model and version with its state.
+    pub fn index(&self) -> Vec<IndexRow> {
+        let mut rows = Vec::new();
+        for (name, entry) in self.read().iter() {
+            if entry.versions.is_empty() {
+                rows.push(IndexRow {
+                    name: name.clone(),
+                    version: String::new(),
+                    state: ModelState::Unavailable,
+                    reason: entry.error.clone().unwrap_or_else(|| "no versions found".into()),
+                });
+            }
+            for (v, status) in &entry.versions {
+                rows.push(IndexRow {
+                    name: name.clone(),
+                    version: v.to_string(),
+                    state: status.state,
+                    reason: status.reason.clone(),
+                });
+            }
+        }
+        rows
+    }
+
+    /// Every READY model version.
+    pub fn ready_versions(&self) -> Vec<Arc<ModelVersion>> {
+        self.read()
+            .values()
+            .flat_map(|e| e.versions.values().filter_map(|s| s.model.clone()))
+            .collect()
+    }
+
+    /// True when every version of every model is READY (Triton's strict readiness).
+    pub fn all_ready(&self) -> bool {
+        self.index().iter().all(|r| r.state == ModelState::Ready)
+    }
+
+    /// Drops every model: their schedulers finish what is queued, then stop.
+    pub fn unload_all(&self) {
+        let mut models = self.write();
+        for entry in models.values_mut() {
+            for status in entry.versions.values_mut() {
+                status.state = ModelState::Unavailable;
+                status.reason = "unloaded".into();
+                status.model = None;
+            }
+        }
+    }
+}
+
+/// Reads a model's configuration and decides its versions; no backend work yet.
+fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Option<BackendKind>) {
+    let mut entry = ModelEntry { path: path.to_owned(), ..Default::default() };
+    let fail = |mut entry: ModelEntry, message: String| {
+        tracing::error!(model = name, "{message}");
+        entry.error = Some(message);
+        (entry, None)
+    };
+    let config_path = path.join("config.pbtxt");
+    let mut config = if config_path.exists() {
+        match config::read(&config_path) {
+            Ok(c) => c,
+            Err(e) => return fail(entry, e.to_string()),
+        }
+    } else if options.strict_model_config {
+        return fail(
+            entry,
+            format!("{} is missing (start with --strict-model-config=false to derive it from the model file)", config_path.display()),
+        );
+    } else {
+        ModelConfig::default()
+    };
+    if config.name.is_empty() {
+        config.name = name.to_owned();
+    } else if config.name != name {
+        return fail(entry, format!("config name '{}' does not match the directory name '{name}'", config.name));
+    }
+    let versions = match version_folders(path) {
+        Ok(v) => v,
+        Err(e) => return fail(entry, e),
+    };
+    if config.platform.is_empty() && config.backend.is_empty() && !options.strict_model_config {
+        // Like Triton's auto-complete: the model file names the backend.
+        let file = |f: &str| versions.iter().rev().any(|v| path.join(v.to_string()).join(f).exists());
+        if file("model.onnx") {
+            config.platform = "onnxruntime_onnx".into();
+        } else if file("model.wasm") {
+            config.backend = "wasm".into();
+        }
+    }
+    let kind = match BackendKind::of(&config) {
+        Ok(k) => k,
+        Err(e) => return fail(entry, e),
+    };
+    let selected = match select_versions(&config, &versions) {
+        Ok(v) => v,
+        Err(e) => return fail(entry, e),
+    };
+    if kind == BackendKind::Onnx
+        && (!options.strict_model_config || config.input.is_empty())
+        && let Some(&latest) = selected.last()
+    {
+        let file = model_file(&config, &path.join(latest.to_string()), "model.onnx");
+        match backend::onnx::signature(&file) {
+            Ok(signature) => {
+                let filled = config::autocomplete(&mut config, &signature);
+                if !filled.is_empty() {
+                    tracing::info!(model = name, fields = ?filled, "auto-completed configuration from the model file");
+                }
+            }
+            Err(e) => return fail(entry, e.to_string()),
+        }
+    }
+    if let Err(e) = config::validate(&config) {
+        return fail(entry, format!("invalid configuration: {e}"));
+    }
+    entry.config = Some(Arc::new(config));
+    for v in selected {
+        entry.versions.insert(v, VersionStatus { state: ModelState::Loading, reason: String::new(), model: None });
+    }
+    if entry.versions.is_empty() {
+        return fail(entry, "no version folder found (expected e.g. 1/)".into());
+    }
+    (entry, Some(kind))
+}
+
+/// Numeric subfolders of a model directory.
+fn version_folders(path: &Path) -> Result<Vec<i64>, String> {
+    let entries = std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut versions: Vec<i64> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
+        .filter(|&v| v > 0)
+        .collect();
+    versions.sort_unstable();
+    Ok(versions)
+}
+
+/// Applies `version_policy` (default: the latest one).
+fn select_versions(config: &ModelConfig, available: &[i64]) -> Result<Vec<i64>, String> {
+    use pb::model_version_policy::PolicyChoice;
+    let latest = |n: usize| available[available.len().saturating_sub(n.max(1))..].to_vec();
+    match config.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()) {
+        None => Ok(latest(1)),
+        Some(PolicyChoice::Latest(l)) => Ok(latest(l.num_versions as usize)),
+        Some(PolicyChoice::All(_)) => Ok(available.to_vec()),
+        Some(PolicyChoice::Specific(s)) => {
+            let missing: Vec<i64> = s.versions.iter().copied().filter(|v| !available.contains(v)).collect();
+            if missing.is_empty() {
+                let mut v = s.versions.clone();
+                v.sort_unstable();
+                v.dedup();
+                Ok(v)
+            } else {
+                Err(format!("version_policy names versions {missing:?} that have no folder"))
+            }
+        }
+    }
+}
+
+/// The model file of a version: `default_model_filename` or the backend's default.
+pub fn model_file(config: &ModelConfig, version_dir: &Path, default: &str) -> PathBuf {
+    let name = if config.default_model_filename.is_empty() { default } else { &config.default_model_filename };
+    version_dir.join(name)
+}
+
+/// Reads the label files named by outputs (`label_filename`, one label per line).
+fn read_labels(config: &ModelConfig, model_dir: &Path) -> Result<HashMap<String, Vec<String>>, String> {
+    let mut labels = HashMap::new();
+    for output in config.output.iter().filter(|o| !o.label_filename.is_empty()) {
+        let path = model_dir.join(&output.label_filename);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read label file {}: {e}", path.display()))?;
+        labels.insert(output.name.clone(), text.lines().map(str::to_owned).collect());
+    }
+    Ok(labels)
+}
+
+/// Loads each selected version of a prepared model.
+async fn load_versions(name: &str, mut entry: ModelEntry, kind: BackendKind, server: &Weak<Server>) -> ModelEntry {
+    let Some(config) = entry.config.clone() else { return entry };
+    let labels = match read_labels(&config, &entry.path) {
+        Ok(l) => l,
+        Err(e) => {
+            for status in entry.versions.values_mut() {
+                status.state = ModelState::Unavailable;
+                status.reason.clone_from(&e);
+            }
+            return entry;
+        }
+    };
+    for (&version, status) in entry.versions.iter_mut() {
+        let ctx = LoadContext {
+            name: name.to_owned(),
+            version,
+            config: config.clone(),
+            model_dir: entry.path.clone(),
+            version_dir: entry.path.join(version.to_string()),
+            server: server.clone(),
+        };
+        match backend::load_instances(kind, &ctx).await {
+            Ok(instances) => {
+                let stats = Arc::new(ModelStats::default());
+                let scheduler = Scheduler::start(BatchPolicy::from_config(&config), instances, stats.clone());
+                let model =
+                    ModelVersion::new(name.to_owned(), version, kind, config.clone(), labels.clone(), scheduler, stats);
+                tracing::info!(model = name, version, "READY");
+                *status = VersionStatus { state: ModelState::Ready, reason: String::new(), model: Some(Arc::new(model)) };
+            }
+            Err(e) => {
+                tracing::error!(model = name, version, "UNAVAILABLE: {e}");
+                *status = VersionStatus { state: ModelState::Unavailable, reason: e.to_string(), model: None };
+            }
+        }
+    }
+    entry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(text: &str) -> ModelConfig {
+        config::parse(text, "c").expect("parses")
+    }
+
+    #[test]
+    fn version_policies() {
+        let available = [1, 2, 5];
+        assert_eq!(select_versions(&policy(""), &available), Ok(vec![5]));
+        assert_eq!(
+            select_versions(&policy("version_policy { latest { num_versions: 2 } }"), &available),
+            Ok(vec![2, 5])
+        );
+        assert_eq!(select_versions(&policy("version_policy { all { } }"), &available), Ok(vec![1, 2, 5]));
+        assert_eq!(
+            select_versions(&policy("version_policy { specific { versions: [1, 5] } }"), &available),
+            Ok(vec![1, 5])
+        );
+        assert!(select_versions(&policy("version_policy { specific { versions: 3 } }"), &available).is_err());
+    }
+}

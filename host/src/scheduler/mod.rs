@@ -1,0 +1,160 @@
+//! The per-model-version scheduler: one queue, one batcher, the model's instances.
+//!
+//! Every request for a model version, whether from HTTP, an ensemble step or a Wasm handler's
+//! `infer` call, enters [`Scheduler::submit`]. The batcher task waits for an idle instance, then
+//! forms a batch from the queue (by priority, then arrival; merging only requests with the same
+//! non-batch shapes; waiting up to `max_queue_delay_microseconds` for more when dynamic batching
+//! is on) and hands it to that instance. While every instance is busy the queue grows, so the
+//! next batch is larger: batching adapts to load without a delay too.
+
+mod policy;
+mod queue;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::backend::ModelInstance;
+use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
+use crate::metrics::ModelStats;
+
+pub use policy::{BatchPolicy, QueuePolicy, TimeoutAction};
+use queue::{Pending, Queue};
+
+/// Handle to a model version's queue. Dropping it stops the batcher once the queue drains.
+pub struct Scheduler {
+    queue: Arc<Queue>,
+    policy: Arc<BatchPolicy>,
+}
+
+impl Scheduler {
+    /// Starts the batcher for `instances`, recording into `stats`.
+    pub fn start(
+        policy: BatchPolicy,
+        instances: Vec<Box<dyn ModelInstance>>,
+        stats: Arc<ModelStats>,
+    ) -> Scheduler {
+        let queue = Arc::new(Queue::new(policy.priority_levels()));
+        let policy = Arc::new(policy);
+        let (idle_tx, idle_rx) = mpsc::unbounded_channel();
+        for instance in instances {
+            // The receiver is alive: it is moved into the batcher below.
+            let _ = idle_tx.send(instance);
+        }
+        tokio::spawn(batcher(queue.clone(), policy.clone(), idle_tx, idle_rx, stats));
+        Scheduler { queue, policy }
+    }
+
+    /// Queues `request` and waits for its result.
+    pub async fn submit(&self, request: InferRequest) -> InferResult {
+        let level = self.policy.level_of(request.priority);
+        let queue_policy = self.policy.queue_policy(level);
+        let now = Instant::now();
+        let deadline = queue_policy.deadline(now, request.timeout);
+        let (reply, rx) = oneshot::channel();
+        let pending = Pending {
+            rows: self.policy.rows_of(&request),
+            shape_key: self.policy.shape_key(&request),
+            request,
+            reply,
+            enqueued: now,
+            deadline,
+            timeout_action: queue_policy.timeout_action,
+        };
+        self.queue.push(level, pending, queue_policy.max_queue_size)?;
+        let closed = || InferError::internal("the model was unloaded before the request ran");
+        match (deadline, queue_policy.timeout_action) {
+            (Some(deadline), TimeoutAction::Reject) => {
+                match tokio::time::timeout_at(deadline.into(), rx).await {
+                    Ok(result) => result.unwrap_or_else(|_| Err(closed())),
+                    // The abandoned entry is skipped when a batch is formed (its receiver is gone).
+                    Err(_) => Err(InferError::new(
+                        ErrorKind::Timeout,
+                        "Request timeout expired",
+                    )),
+                }
+            }
+            _ => rx.await.unwrap_or_else(|_| Err(closed())),
+        }
+    }
+
+    /// Requests waiting in the queue.
+    pub fn pending_count(&self) -> usize {
+        self.queue.len()
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}
+
+async fn batcher(
+    queue: Arc<Queue>,
+    policy: Arc<BatchPolicy>,
+    idle_tx: mpsc::UnboundedSender<Box<dyn ModelInstance>>,
+    mut idle_rx: mpsc::UnboundedReceiver<Box<dyn ModelInstance>>,
+    stats: Arc<ModelStats>,
+) {
+    let ordering = Arc::new(queue::Sequencer::default());
+    let mut sequence = 0u64;
+    loop {
+        let Some(instance) = idle_rx.recv().await else { break };
+        let Some(batch) = queue.next_batch(&policy).await else { break };
+        let ticket = policy.preserve_ordering().then(|| {
+            sequence += 1;
+            sequence
+        });
+        tokio::spawn(run_batch(
+            instance,
+            batch,
+            idle_tx.clone(),
+            stats.clone(),
+            ticket.map(|t| (t, ordering.clone())),
+        ));
+    }
+}
+
+/// Executes one batch on one instance, answers its callers and returns the instance.
+async fn run_batch(
+    mut instance: Box<dyn ModelInstance>,
+    batch: Vec<Pending>,
+    idle: mpsc::UnboundedSender<Box<dyn ModelInstance>>,
+    stats: Arc<ModelStats>,
+    ordering: Option<(u64, Arc<queue::Sequencer>)>,
+) {
+    let started = Instant::now();
+    let mut requests = Vec::with_capacity(batch.len());
+    let mut waiters = Vec::with_capacity(batch.len());
+    let mut rows = 0;
+    for pending in batch {
+        stats.record_queue(started - pending.enqueued);
+        rows += pending.rows;
+        requests.push(pending.request);
+        waiters.push(pending.reply);
+    }
+    let expected = requests.len();
+    let executed = instance.execute(requests).await;
+    let _ = idle.send(instance);
+    stats.record_execution(rows, executed.timing);
+
+    let mut results = executed.results;
+    if results.len() != expected {
+        let message = format!(
+            "the backend returned {} responses for {expected} requests",
+            results.len()
+        );
+        results = (0..expected).map(|_| Err(InferError::internal(message.clone()))).collect();
+    }
+    let answers: Vec<_> = waiters.into_iter().zip(results).collect();
+    match ordering {
+        Some((ticket, sequencer)) => sequencer.release(ticket, answers),
+        None => {
+            for (reply, result) in answers {
+                let _ = reply.send(result);
+            }
+        }
+    }
+}

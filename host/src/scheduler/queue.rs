@@ -1,0 +1,194 @@
+//! The queue of a model version: one FIFO per priority level, and batch formation.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use tokio::sync::{Notify, oneshot};
+
+use super::policy::{BatchPolicy, TimeoutAction};
+use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
+
+/// A queued request and the caller waiting for it.
+pub struct Pending {
+    pub request: InferRequest,
+    pub reply: oneshot::Sender<InferResult>,
+    pub enqueued: Instant,
+    pub deadline: Option<Instant>,
+    pub timeout_action: TimeoutAction,
+    pub rows: usize,
+    pub shape_key: Vec<(String, Vec<i64>)>,
+}
+
+impl Pending {
+    /// The caller stopped waiting (its queue timeout fired, or it went away).
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        self.timeout_action == TimeoutAction::Reject && self.deadline.is_some_and(|d| d <= now)
+    }
+}
+
+struct State {
+    levels: Vec<VecDeque<Pending>>,
+    closed: bool,
+}
+
+pub struct Queue {
+    state: Mutex<State>,
+    notify: Notify,
+}
+
+impl Queue {
+    pub fn new(levels: usize) -> Queue {
+        Queue {
+            state: Mutex::new(State {
+                levels: (0..levels.max(1)).map(|_| VecDeque::new()).collect(),
+                closed: false,
+            }),
+            notify: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this lock leaves plain data behind; keep serving.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds a request at `level`, refusing it when that level holds `max_size` already.
+    pub fn push(&self, level: usize, pending: Pending, max_size: usize) -> Result<(), InferError> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(InferError::unavailable("the model is being unloaded"));
+        }
+        let last = state.levels.len() - 1;
+        let queue = &mut state.levels[level.min(last)];
+        if max_size > 0 && queue.len() >= max_size {
+            return Err(InferError::unavailable("Exceeds maximum queue size"));
+        }
+        queue.push_back(pending);
+        drop(state);
+        self.notify.notify_one();
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().levels.iter().map(VecDeque::len).sum()
+    }
+
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.notify.notify_one();
+    }
+
+    /// Waits for the next batch: at least one request, then as many compatible ones as the policy
+    /// allows. `None` once the queue is closed and empty.
+    pub async fn next_batch(&self, policy: &BatchPolicy) -> Option<Vec<Pending>> {
+        let first = loop {
+            let notified = self.notify.notified();
+            {
+                let mut state = self.lock();
+                if let Some(first) = pop_live(&mut state) {
+                    break first;
+                }
+                if state.closed {
+                    return None;
+                }
+            }
+            notified.await;
+        };
+        let Some(dynamic) = &policy.dynamic else {
+            return Some(vec![first]);
+        };
+        let max_rows = policy.max_batch_size.max(1);
+        let target = dynamic.preferred_batch_sizes.iter().copied().max().unwrap_or(max_rows).min(max_rows);
+        let flush_at = first.enqueued + dynamic.max_queue_delay;
+        let mut rows = first.rows;
+        let mut batch = vec![first];
+        loop {
+            let notified = self.notify.notified();
+            let blocked = {
+                let mut state = self.lock();
+                take_compatible(&mut state, &mut batch, &mut rows, max_rows)
+            };
+            if blocked || rows >= target || Instant::now() >= flush_at {
+                break;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(flush_at.into()) => {}
+            }
+        }
+        Some(batch)
+    }
+}
+
+/// Pops the oldest live request of the highest priority, failing expired ones on the way.
+fn pop_live(state: &mut State) -> Option<Pending> {
+    let now = Instant::now();
+    for level in &mut state.levels {
+        while let Some(p) = level.pop_front() {
+            if p.abandoned() {
+                continue;
+            }
+            if p.expired(now) {
+                let _ = p.reply.send(Err(InferError::new(ErrorKind::Timeout, "Request timeout expired")));
+                continue;
+            }
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Moves queued requests that fit into the batch, in priority then arrival order. Returns true
+/// when the head of the queue cannot join this batch (different shapes or too many rows), so the
+/// batch should go now rather than wait.
+fn take_compatible(state: &mut State, batch: &mut Vec<Pending>, rows: &mut usize, max_rows: usize) -> bool {
+    let now = Instant::now();
+    for level in &mut state.levels {
+        while let Some(p) = level.front() {
+            if p.abandoned() || p.expired(now) {
+                if let Some(p) = level.pop_front()
+                    && !p.abandoned()
+                {
+                    let _ = p.reply.send(Err(InferError::new(ErrorKind::Timeout, "Request timeout expired")));
+                }
+                continue;
+            }
+            if p.shape_key != batch[0].shape_key || *rows + p.rows > max_rows {
+                return true;
+            }
+            if let Some(p) = level.pop_front() {
+                *rows += p.rows;
+                batch.push(p);
+            }
+        }
+    }
+    false
+}
+
+/// Releases answers in the order their batches were formed (`preserve_ordering`).
+#[derive(Default)]
+pub struct Sequencer {
+    state: Mutex<(u64, BTreeMap<u64, Vec<(oneshot::Sender<InferResult>, InferResult)>>)>,
+}
+
+impl Sequencer {
+    /// Stores the answers of batch `ticket` (tickets start at 1) and sends every batch that is
+    /// now next in line.
+    pub fn release(&self, ticket: u64, answers: Vec<(oneshot::Sender<InferResult>, InferResult)>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.1.insert(ticket, answers);
+        loop {
+            let next = state.0 + 1;
+            let Some(ready) = state.1.remove(&next) else { break };
+            state.0 = next;
+            for (reply, result) in ready {
+                let _ = reply.send(result);
+            }
+        }
+    }
+}

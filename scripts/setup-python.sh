@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Creates .venv/ at the repository root with the Python tooling Tessera's tests,
+# model generators and benchmarks use. Idempotent: re-running only re-checks the
+# pins (pip prints nothing when everything is already installed).
+#
+#   scripts/setup-python.sh            # uses python3 from PATH
+#   PYTHON=python3.12 scripts/setup-python.sh
+#
+# The ONNX Runtime shared library used by the server (ORT_DYLIB_PATH) comes from
+# the onnxruntime wheel installed here: see scripts/ort-dylib-path.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PYTHON="${PYTHON:-python3}"
+PINS=(
+  "onnxruntime==1.31.1"
+  "onnx==1.23.2"
+  "numpy"
+  "tritonclient[http]==2.73.0"
+  "pytest==9.2.0"
+)
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+VPY="$ROOT/.venv/bin/python"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+"$VPY" -m pip install -q "${PINS[@]}"
+
+# Sanity check: the interpreter can import everything and the ORT dylib exists.
+"$VPY" - <<'PY'
+import numpy, onnx, onnxruntime, pytest, tritonclient.http  # noqa: F401
+PY
+"$ROOT/scripts/ort-dylib-path.sh" > /dev/null

@@ -1,0 +1,198 @@
+"""Fixtures for the tritonclient compatibility tests.
+
+A session-scoped fixture starts the real `tessera` binary on free loopback
+ports with `--model-repository model_repository`, waits for
+`/v2/health/ready` (60 s at most) and stops it at the end of the session.
+
+Environment:
+  TESSERA_BIN     server binary (default: target/debug/tessera, relative to the repo root)
+  ORT_DYLIB_PATH  ONNX Runtime shared library; required (scripts/ort-dylib-path.sh prints it)
+  TESSERA_URL     optional HOST:PORT of an already running KServe v2 server; when set,
+                  no binary is started and the tests run against that server instead
+                  (useful to check the tests themselves against another server)
+
+Prerequisites: scripts/setup-python.sh (the .venv), scripts/gen_models.py
+(add_sub, mlp_classifier*). If tests fail, the tail of the server's stderr is
+printed in the terminal summary.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+READY_TIMEOUT_S = 60.0
+STDERR_TAIL_LINES = 60
+
+# Set by the server fixture; read by pytest_terminal_summary.
+_SERVER_LOG: Path | None = None
+
+
+@dataclass
+class Server:
+    host: str
+    http_port: int
+    grpc_port: int | None
+    metrics_port: int | None
+    process: subprocess.Popen | None
+
+    @property
+    def url(self) -> str:
+        """HOST:PORT, as tritonclient wants it."""
+        return f"{self.host}:{self.http_port}"
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None, timeout: float = 30.0):
+        """One raw HTTP request; returns (status, headers dict (lower-case keys), body bytes)."""
+        conn = http.client.HTTPConnection(self.host, self.http_port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            data = resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+        finally:
+            conn.close()
+
+    def post_json(self, path: str, obj) -> tuple[int, dict, bytes]:
+        body = obj if isinstance(obj, (bytes, bytearray)) else json.dumps(obj).encode()
+        return self.request("POST", path, body, {"Content-Type": "application/json"})
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _tail(path: Path | None, lines: int = STDERR_TAIL_LINES) -> str:
+    if path is None or not path.exists():
+        return "(no server log)"
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(text[-lines:]) if text else "(server stderr is empty)"
+
+
+def _ready(host: str, port: int) -> bool:
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=2)
+        conn.request("GET", "/v2/health/ready")
+        status = conn.getresponse().status
+        conn.close()
+        return status == 200
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def server():
+    global _SERVER_LOG
+
+    external = os.environ.get("TESSERA_URL")
+    if external:
+        host, _, port = external.rpartition(":")
+        srv = Server(host or "127.0.0.1", int(port), None, None, None)
+        if not _ready(srv.host, srv.http_port):
+            pytest.fail(f"TESSERA_URL={external}: /v2/health/ready is not 200", pytrace=False)
+        yield srv
+        return
+
+    bin_path = Path(os.environ.get("TESSERA_BIN", "target/debug/tessera"))
+    if not bin_path.is_absolute():
+        bin_path = REPO_ROOT / bin_path
+    if not (bin_path.is_file() and os.access(bin_path, os.X_OK)):
+        pytest.fail(f"tessera binary not found or not executable: {bin_path} "
+                    "(build it with `cargo build`, or set TESSERA_BIN)", pytrace=False)
+    ort = os.environ.get("ORT_DYLIB_PATH")
+    if not ort:
+        pytest.fail("ORT_DYLIB_PATH is not set; run: "
+                    "export ORT_DYLIB_PATH=\"$(scripts/ort-dylib-path.sh)\"", pytrace=False)
+    if not Path(ort).is_file():
+        pytest.fail(f"ORT_DYLIB_PATH={ort} does not exist", pytrace=False)
+    for needed in ("add_sub", "mlp_classifier"):
+        if not (MODEL_REPOSITORY / needed / "1" / "model.onnx").is_file():
+            pytest.fail(f"{MODEL_REPOSITORY / needed}/1/model.onnx missing; "
+                        "run: .venv/bin/python scripts/gen_models.py", pytrace=False)
+
+    http_port, grpc_port, metrics_port = _free_ports(3)
+    log_dir = Path(tempfile.mkdtemp(prefix="tessera-pytest-"))
+    _SERVER_LOG = log_dir / "server.stderr"
+    cmd = [
+        str(bin_path),
+        "--model-repository", "model_repository",
+        "--http-port", str(http_port),
+        "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+        "--http-address", "127.0.0.1",
+    ]
+    with open(log_dir / "server.stdout", "wb") as out, open(_SERVER_LOG, "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err)
+    srv = Server("127.0.0.1", http_port, grpc_port, metrics_port, proc)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"tessera exited with status {proc.returncode} before becoming ready\n"
+                            f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(_SERVER_LOG)}",
+                            pytrace=False)
+            if _ready(srv.host, http_port):
+                break
+            if time.monotonic() > deadline:
+                missing = [m for m in ("text_orientation", "minilm")
+                           if (MODEL_REPOSITORY / m / "config.pbtxt").is_file()
+                           and not (MODEL_REPOSITORY / m / "1" / "model.onnx").is_file()]
+                hint = (f"\nnote: {', '.join(missing)} ha{'s' if len(missing) == 1 else 've'} a config "
+                        "but no model.onnx (run scripts/fetch_models.sh)" if missing else "")
+                pytest.fail(f"tessera not ready after {READY_TIMEOUT_S:.0f} s{hint}\n"
+                            f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(_SERVER_LOG)}",
+                            pytrace=False)
+            time.sleep(0.1)
+        yield srv
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(url=server.url, connection_timeout=30, network_timeout=30)
+    yield c
+    c.close()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _SERVER_LOG is None:
+        return
+    failed = terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", [])
+    if failed or exitstatus not in (0, 5):
+        terminalreporter.write_sep("=", f"tessera stderr (last {STDERR_TAIL_LINES} lines, {_SERVER_LOG})")
+        terminalreporter.write_line(_tail(_SERVER_LOG))
