@@ -142,7 +142,8 @@ pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<Infer
         let p = output.parameters.as_ref();
         request.outputs.push(RequestedOutput {
             binary: param_bool(p, "binary_data")? || all_binary && p.and_then(|p| p.get("binary_data")).is_none(),
-            class_count: u32::try_from(param_u64(p, "class_count")?.unwrap_or(0))
+            // The wire name is "classification" (tritonclient's `class_count` argument).
+            class_count: u32::try_from(param_u64(p, "classification")?.or(param_u64(p, "class_count")?).unwrap_or(0))
                 .map_err(|_| InferError::invalid("class_count is too large"))?,
             name: output.name,
         });

@@ -1,0 +1,201 @@
+//! Conversions between the server's request path types and the WIT types of `wit/tessera.wit`.
+
+use std::collections::BTreeMap;
+
+use super::tessera::inference::types as wit;
+use crate::infer::{ErrorKind, InferError, InferRequest, InferResponse, InferResult, ParamValue, RequestedOutput};
+use crate::tensor::{DataType, Tensor, TensorData};
+
+fn datatype_to_wit(d: DataType) -> wit::Datatype {
+    match d {
+        DataType::Bool => wit::Datatype::Bool,
+        DataType::Uint8 => wit::Datatype::Uint8,
+        DataType::Uint16 => wit::Datatype::Uint16,
+        DataType::Uint32 => wit::Datatype::Uint32,
+        DataType::Uint64 => wit::Datatype::Uint64,
+        DataType::Int8 => wit::Datatype::Int8,
+        DataType::Int16 => wit::Datatype::Int16,
+        DataType::Int32 => wit::Datatype::Int32,
+        DataType::Int64 => wit::Datatype::Int64,
+        DataType::Fp16 => wit::Datatype::Fp16,
+        DataType::Fp32 => wit::Datatype::Fp32,
+        DataType::Fp64 => wit::Datatype::Fp64,
+        DataType::Bytes => wit::Datatype::Bytes,
+    }
+}
+
+fn datatype_from_wit(d: wit::Datatype) -> DataType {
+    match d {
+        wit::Datatype::Bool => DataType::Bool,
+        wit::Datatype::Uint8 => DataType::Uint8,
+        wit::Datatype::Uint16 => DataType::Uint16,
+        wit::Datatype::Uint32 => DataType::Uint32,
+        wit::Datatype::Uint64 => DataType::Uint64,
+        wit::Datatype::Int8 => DataType::Int8,
+        wit::Datatype::Int16 => DataType::Int16,
+        wit::Datatype::Int32 => DataType::Int32,
+        wit::Datatype::Int64 => DataType::Int64,
+        wit::Datatype::Fp16 => DataType::Fp16,
+        wit::Datatype::Fp32 => DataType::Fp32,
+        wit::Datatype::Fp64 => DataType::Fp64,
+        wit::Datatype::Bytes => DataType::Bytes,
+    }
+}
+
+fn tensor_to_wit(t: &Tensor) -> wit::Tensor {
+    wit::Tensor {
+        name: t.name.clone(),
+        datatype: datatype_to_wit(t.datatype),
+        shape: t.shape.clone(),
+        data: match &t.data {
+            TensorData::Raw(b) => wit::TensorData::Raw(b.clone()),
+            TensorData::Elements(e) => wit::TensorData::Elements(e.clone()),
+        },
+    }
+}
+
+/// A tensor from a guest, checked: the guest is not trusted to be consistent.
+fn tensor_from_wit(t: wit::Tensor) -> Result<Tensor, String> {
+    let tensor = Tensor::new(
+        t.name,
+        datatype_from_wit(t.datatype),
+        t.shape,
+        match t.data {
+            wit::TensorData::Raw(b) => TensorData::Raw(b),
+            wit::TensorData::Elements(e) => TensorData::Elements(e),
+        },
+    );
+    tensor.check_consistent()?;
+    Ok(tensor)
+}
+
+fn params_to_wit(params: &BTreeMap<String, ParamValue>) -> Vec<wit::Parameter> {
+    params
+        .iter()
+        .map(|(k, v)| wit::Parameter {
+            key: k.clone(),
+            value: match v {
+                ParamValue::Bool(b) => wit::ParameterValue::Bool(*b),
+                ParamValue::Int(i) => wit::ParameterValue::Int(*i),
+                ParamValue::Double(d) => wit::ParameterValue::Double(*d),
+                ParamValue::String(s) => wit::ParameterValue::String(s.clone()),
+            },
+        })
+        .collect()
+}
+
+fn params_from_wit(params: Vec<wit::Parameter>) -> BTreeMap<String, ParamValue> {
+    params
+        .into_iter()
+        .map(|p| {
+            let v = match p.value {
+                wit::ParameterValue::Bool(b) => ParamValue::Bool(b),
+                wit::ParameterValue::Int(i) => ParamValue::Int(i),
+                wit::ParameterValue::Double(d) => ParamValue::Double(d),
+                wit::ParameterValue::String(s) => ParamValue::String(s),
+            };
+            (p.key, v)
+        })
+        .collect()
+}
+
+/// A request as the handler's `execute` receives it.
+pub fn request_to_wit(r: &InferRequest) -> wit::Request {
+    wit::Request {
+        id: r.id.clone(),
+        inputs: r.inputs.iter().map(tensor_to_wit).collect(),
+        requested_outputs: r.outputs.iter().map(|o| o.name.clone()).collect(),
+        parameters: params_to_wit(&r.parameters),
+    }
+}
+
+/// A request a handler sends through `infer`.
+pub fn request_from_wit(r: wit::Request) -> Result<InferRequest, InferError> {
+    let inputs = r
+        .inputs
+        .into_iter()
+        .map(tensor_from_wit)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(InferError::invalid)?;
+    let parameters = params_from_wit(r.parameters);
+    let priority = match parameters.get("priority") {
+        Some(ParamValue::Int(p)) => u32::try_from(*p).unwrap_or(0),
+        _ => 0,
+    };
+    Ok(InferRequest {
+        id: r.id,
+        inputs,
+        outputs: r
+            .requested_outputs
+            .into_iter()
+            .map(|name| RequestedOutput { name, ..Default::default() })
+            .collect(),
+        parameters,
+        priority,
+        ..Default::default()
+    })
+}
+
+/// A response a handler returned from `execute`, checked against the output size cap.
+pub fn response_from_wit(r: wit::Response, max_output_bytes: usize) -> InferResult {
+    let outputs = r
+        .outputs
+        .into_iter()
+        .map(tensor_from_wit)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| InferError::internal(format!("the handler returned an inconsistent tensor: {e}")))?;
+    let total: usize = outputs.iter().map(Tensor::byte_size).sum();
+    if total > max_output_bytes {
+        return Err(InferError::new(
+            ErrorKind::ResourceExhausted,
+            format!("the handler's response holds {total} bytes of outputs, over the max_output_bytes limit of {max_output_bytes}"),
+        ));
+    }
+    Ok(InferResponse { outputs, parameters: params_from_wit(r.parameters), ..Default::default() })
+}
+
+/// A response handed back to a handler's `infer` call.
+pub fn response_to_wit(r: &InferResponse) -> wit::Response {
+    wit::Response { outputs: r.outputs.iter().map(tensor_to_wit).collect(), parameters: params_to_wit(&r.parameters) }
+}
+
+pub fn error_from_wit(e: wit::Error) -> InferError {
+    let kind = match e.kind {
+        wit::ErrorKind::ModelNotFound => ErrorKind::NotFound,
+        wit::ErrorKind::ModelNotReady => ErrorKind::Unavailable,
+        wit::ErrorKind::InvalidInput => ErrorKind::InvalidArgument,
+        wit::ErrorKind::QuotaExceeded => ErrorKind::ResourceExhausted,
+        wit::ErrorKind::Timeout => ErrorKind::Timeout,
+        wit::ErrorKind::Internal => ErrorKind::Internal,
+    };
+    InferError::new(kind, e.message)
+}
+
+pub fn error_to_wit(e: InferError) -> wit::Error {
+    let kind = match e.kind {
+        ErrorKind::NotFound => wit::ErrorKind::ModelNotFound,
+        ErrorKind::Unavailable => wit::ErrorKind::ModelNotReady,
+        ErrorKind::InvalidArgument => wit::ErrorKind::InvalidInput,
+        ErrorKind::ResourceExhausted => wit::ErrorKind::QuotaExceeded,
+        ErrorKind::Timeout => wit::ErrorKind::Timeout,
+        ErrorKind::Internal => wit::ErrorKind::Internal,
+    };
+    wit::Error { kind, message: e.message }
+}
+
+/// Model metadata for a handler's `model-metadata` call.
+pub fn metadata_to_wit(m: &crate::model::ModelVersion, versions: Vec<i64>) -> wit::ModelMetadata {
+    let batched = m.config.max_batch_size > 0;
+    let spec = |s: &crate::model::TensorSpec| wit::TensorMetadata {
+        name: s.name.clone(),
+        datatype: datatype_to_wit(s.datatype),
+        shape: s.client_shape(batched),
+    };
+    wit::ModelMetadata {
+        name: m.name.clone(),
+        versions: versions.iter().map(i64::to_string).collect(),
+        platform: if m.config.platform.is_empty() { m.config.backend.clone() } else { m.config.platform.clone() },
+        inputs: m.signature.inputs.iter().map(spec).collect(),
+        outputs: m.signature.outputs.iter().map(spec).collect(),
+    }
+}

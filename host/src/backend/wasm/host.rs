@@ -1,0 +1,273 @@
+//! What the host lends a guest: its store state, the `inference` and `log` imports, and a WASI
+//! context with nothing in it (no files, no network, no environment, no arguments; stdout and
+//! stderr captured into bounded buffers that end up in the server's log).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+
+use tokio::io::AsyncWrite;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::limits::{Counters, Limits, StoreLimiter};
+use super::tessera::inference::{inference, log, types};
+use super::{Live, ModelPre, convert};
+use crate::infer::{ErrorKind, InferError};
+use crate::server::Server;
+
+/// Per model version: everything needed to create instances.
+pub struct WasmModel {
+    pub pre: ModelPre<HostState>,
+    pub engine: Engine,
+    pub limits: Limits,
+    pub name: String,
+    pub version: i64,
+    pub config_json: String,
+    pub server: Weak<Server>,
+    pub counters: Arc<Counters>,
+}
+
+impl WasmModel {
+    /// Instantiates the component in a fresh store and calls `initialize`.
+    pub async fn instantiate(&self) -> Result<Live, String> {
+        let state = HostState::new(self);
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        // Each epoch tick yields to the executor, so the deadline timer can fire and a
+        // looping guest never holds a worker thread for longer than a tick.
+        store.epoch_deadline_async_yield_and_update(1);
+        store.set_epoch_deadline(1);
+        store.set_fuel(self.limits.fuel_per_execute).map_err(|e| e.to_string())?;
+        let bindings = self
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| format!("cannot instantiate handler '{}': {e:#}", self.name))?;
+        Counters::bump(&self.counters.instantiations);
+        let init = bindings.tessera_inference_handler().call_initialize(&mut store, &self.config_json);
+        let outcome = tokio::time::timeout(self.limits.execute_deadline, init).await;
+        store.data_mut().flush_output(&self.name, self.version);
+        match outcome {
+            Ok(Ok(Ok(()))) => Ok(Live { store, bindings }),
+            Ok(Ok(Err(message))) => Err(format!("handler '{}' initialize failed: {message}", self.name)),
+            Ok(Err(trap)) => Err(format!("handler '{}' trapped in initialize: {trap:#}", self.name)),
+            Err(_) => Err(format!("handler '{}' initialize exceeded its deadline", self.name)),
+        }
+    }
+
+    /// Turns a trap into the error its requests get, counting the kind of kill.
+    pub fn describe_trap(&self, trap: &wasmtime::Error, host: &HostState) -> InferError {
+        Counters::bump(&self.counters.traps);
+        let name = &self.name;
+        if host.limiter.memory_exceeded {
+            Counters::bump(&self.counters.memory_kills);
+            return InferError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "handler '{name}' exceeded its memory limit of {} bytes (max_memory_bytes) and was stopped",
+                    self.limits.max_memory_bytes
+                ),
+            );
+        }
+        if trap.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::OutOfFuel) {
+            Counters::bump(&self.counters.fuel_kills);
+            return InferError::new(
+                ErrorKind::ResourceExhausted,
+                format!("handler '{name}' ran out of fuel ({} per execute) and was stopped", self.limits.fuel_per_execute),
+            );
+        }
+        let detail = host.last_stderr.trim();
+        let detail = if detail.is_empty() { String::new() } else { format!("; stderr: {detail}") };
+        let trap_text = trap.downcast_ref::<wasmtime::Trap>().map_or_else(|| format!("{trap}"), |t| t.to_string());
+        InferError::internal(format!("handler '{name}' trapped: {trap_text}{detail}"))
+    }
+}
+
+/// A bounded in-memory stdout/stderr: writes past `capacity` are dropped and counted.
+#[derive(Clone)]
+pub struct OutputSink {
+    state: Arc<Mutex<(Vec<u8>, usize)>>,
+    capacity: usize,
+}
+
+impl OutputSink {
+    fn new(capacity: usize) -> Self {
+        OutputSink { state: Arc::default(), capacity }
+    }
+
+    /// Takes what was written and how many bytes were dropped.
+    fn take(&self) -> (Vec<u8>, usize) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (std::mem::take(&mut state.0), std::mem::take(&mut state.1))
+    }
+}
+
+impl IsTerminal for OutputSink {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for OutputSink {
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl AsyncWrite for OutputSink {
+    fn poll_write(self: Pin<&mut Self>, _cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let room = self.capacity.saturating_sub(state.0.len());
+        let kept = room.min(buf.len());
+        state.0.extend_from_slice(&buf[..kept]);
+        state.1 += buf.len() - kept;
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The state of one guest's store.
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub limiter: StoreLimiter,
+    stdout: OutputSink,
+    stderr: OutputSink,
+    /// The tail of stderr of the last execution (a Rust guest's panic message lands here).
+    pub last_stderr: String,
+    server: Weak<Server>,
+    model: String,
+    version: i64,
+    counters: Arc<Counters>,
+    /// Models waiting on the current execution, this one last: BLS calls must not reach them.
+    chain: Vec<String>,
+}
+
+impl HostState {
+    fn new(model: &WasmModel) -> HostState {
+        let stdout = OutputSink::new(model.limits.max_log_bytes);
+        let stderr = OutputSink::new(model.limits.max_log_bytes);
+        let wasi = WasiCtx::builder()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        HostState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: StoreLimiter {
+                max_memory_bytes: model.limits.max_memory_bytes,
+                max_table_elements: model.limits.max_table_elements,
+                max_instances: model.limits.max_instances,
+                memory_exceeded: false,
+                high_water: 0,
+            },
+            stdout,
+            stderr,
+            last_stderr: String::new(),
+            server: model.server.clone(),
+            model: model.name.clone(),
+            version: model.version,
+            counters: model.counters.clone(),
+            chain: Vec::new(),
+        }
+    }
+
+    /// Prepares for one `execute`.
+    pub fn begin_execution(&mut self, chain: Vec<String>, _limits: &Limits) -> Result<(), String> {
+        self.chain = chain;
+        self.limiter.memory_exceeded = false;
+        self.last_stderr.clear();
+        Ok(())
+    }
+
+    pub fn end_execution(&mut self) {
+        self.chain.clear();
+        self.counters
+            .memory_high_water_bytes
+            .fetch_max(self.limiter.high_water as u64, Ordering::Relaxed);
+    }
+
+    /// Moves captured stdout/stderr into the log, tagged with the model.
+    pub fn flush_output(&mut self, model: &str, version: i64) {
+        for (stream, sink) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            let (bytes, dropped) = sink.take();
+            let text = String::from_utf8_lossy(&bytes);
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                tracing::info!(model, version, stream, "guest: {line}");
+            }
+            if dropped > 0 {
+                tracing::warn!(model, version, stream, dropped, "guest output over max_log_bytes was dropped");
+            }
+            if stream == "stderr" {
+                let tail: Vec<&str> = text.lines().rev().take(3).collect();
+                self.last_stderr = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+            }
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl types::Host for HostState {}
+
+impl inference::Host for HostState {
+    async fn infer(
+        &mut self,
+        model: String,
+        version: Option<i64>,
+        request: types::Request,
+    ) -> Result<types::Response, types::Error> {
+        let span = tracing::debug_span!("bls_infer", caller = %self.model, target = %model);
+        let _enter = span.enter();
+        let Some(server) = self.server.upgrade() else {
+            return Err(convert::error_to_wit(InferError::unavailable("the server is shutting down")));
+        };
+        let mut request = convert::request_from_wit(request).map_err(convert::error_to_wit)?;
+        request.call_chain = self.chain.clone();
+        drop(_enter);
+        match server.infer(&model, version, request).await {
+            Ok(response) => Ok(convert::response_to_wit(&response)),
+            Err(e) => Err(convert::error_to_wit(e)),
+        }
+    }
+
+    async fn model_metadata(&mut self, model: String, version: Option<i64>) -> Result<types::ModelMetadata, types::Error> {
+        let Some(server) = self.server.upgrade() else {
+            return Err(convert::error_to_wit(InferError::unavailable("the server is shutting down")));
+        };
+        let found = server.repository.ready_model(&model, version).map_err(convert::error_to_wit)?;
+        Ok(convert::metadata_to_wit(&found, server.repository.versions(&model)))
+    }
+}
+
+impl log::Host for HostState {
+    async fn log(&mut self, level: log::Level, message: String) {
+        let (model, version) = (&self.model, self.version);
+        match level {
+            log::Level::Trace => tracing::trace!(model, version, "{message}"),
+            log::Level::Debug => tracing::debug!(model, version, "{message}"),
+            log::Level::Info => tracing::info!(model, version, "{message}"),
+            log::Level::Warn => tracing::warn!(model, version, "{message}"),
+            log::Level::Error => tracing::error!(model, version, "{message}"),
+        }
+    }
+}

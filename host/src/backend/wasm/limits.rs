@@ -1,0 +1,170 @@
+//! The sandbox's limits, set per model in `config.pbtxt` `parameters` (string values, as Triton
+//! parameters are), and the counters the server reports about guests.
+//!
+//! | parameter             | unit  | default   | why |
+//! |-----------------------|-------|-----------|-----|
+//! | `max_memory_bytes`    | bytes | 256 MiB   | a guest's linear memory; past it, growth fails and the guest traps. Bounds what one tenant takes from the machine. At most 4 GiB. |
+//! | `execute_deadline_ms` | ms    | 10 000    | wall-clock time of one `execute` (or `initialize`), BLS calls included. A looping guest is interrupted at the next epoch tick (5 ms) and its instance replaced. |
+//! | `fuel_per_execute`    | fuel  | unlimited | wasmtime fuel (about one unit per instruction) per `execute`: a deterministic CPU budget, independent of machine load. |
+//! | `max_output_bytes`    | bytes | 64 MiB    | total output tensor bytes of one response; a larger response fails that request only. |
+//! | `max_table_elements`  | count | 100 000   | elements of one table (function pointers); stops table-growth abuse. |
+//! | `max_instances`       | count | 64        | core instances inside one component instance. |
+//! | `max_log_bytes`       | bytes | 64 KiB    | stdout+stderr kept per execution; the rest is dropped (counted in the log). |
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::config::{ModelConfig, string_parameter};
+
+/// Sandbox limits of one model version.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_memory_bytes: usize,
+    pub execute_deadline: Duration,
+    pub fuel_per_execute: u64,
+    pub max_output_bytes: usize,
+    pub max_table_elements: usize,
+    pub max_instances: usize,
+    pub max_log_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_memory_bytes: 256 << 20,
+            execute_deadline: Duration::from_secs(10),
+            fuel_per_execute: u64::MAX,
+            max_output_bytes: 64 << 20,
+            max_table_elements: 100_000,
+            max_instances: 64,
+            max_log_bytes: 64 << 10,
+        }
+    }
+}
+
+impl Limits {
+    pub fn from_config(config: &ModelConfig) -> Result<Limits, String> {
+        let mut limits = Limits::default();
+        let number = |key: &str| -> Result<Option<u64>, String> {
+            string_parameter(config, key)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| format!("parameter {key} must be a positive integer, got '{v}'"))
+                })
+                .transpose()
+        };
+        let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        if let Some(n) = number("max_memory_bytes")? {
+            if n > super::MAX_MEMORY_CAP {
+                return Err(format!("max_memory_bytes {n} exceeds the server's cap of {}", super::MAX_MEMORY_CAP));
+            }
+            limits.max_memory_bytes = size(n);
+        }
+        if let Some(n) = number("execute_deadline_ms")? {
+            limits.execute_deadline = Duration::from_millis(n);
+        }
+        if let Some(n) = number("fuel_per_execute")? {
+            limits.fuel_per_execute = n;
+        }
+        if let Some(n) = number("max_output_bytes")? {
+            limits.max_output_bytes = size(n);
+        }
+        if let Some(n) = number("max_table_elements")? {
+            limits.max_table_elements = size(n);
+        }
+        if let Some(n) = number("max_instances")? {
+            limits.max_instances = size(n);
+        }
+        if let Some(n) = number("max_log_bytes")? {
+            limits.max_log_bytes = size(n);
+        }
+        Ok(limits)
+    }
+}
+
+/// Enforces the memory and table limits of one store and remembers what happened.
+pub struct StoreLimiter {
+    pub max_memory_bytes: usize,
+    pub max_table_elements: usize,
+    pub max_instances: usize,
+    /// A growth was refused since the last execution began.
+    pub memory_exceeded: bool,
+    /// The largest linear memory seen, in bytes.
+    pub high_water: usize,
+}
+
+impl wasmtime::ResourceLimiter for StoreLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.max_memory_bytes {
+            self.memory_exceeded = true;
+            return Ok(false);
+        }
+        self.high_water = self.high_water.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= self.max_table_elements)
+    }
+
+    fn instances(&self) -> usize {
+        self.max_instances
+    }
+
+    fn tables(&self) -> usize {
+        self.max_instances
+    }
+
+    fn memories(&self) -> usize {
+        self.max_instances
+    }
+}
+
+/// Server-wide counters about guests (exported as `tessera_wasm_*` metrics).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub instantiations: AtomicU64,
+    pub traps: AtomicU64,
+    pub deadline_kills: AtomicU64,
+    pub fuel_kills: AtomicU64,
+    pub memory_kills: AtomicU64,
+    pub compile_cache_hits: AtomicU64,
+    pub compile_cache_misses: AtomicU64,
+    pub memory_high_water_bytes: AtomicU64,
+}
+
+impl Counters {
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    #[test]
+    fn parameters_override_defaults() {
+        let config = parse(
+            r#"parameters { key: "max_memory_bytes" value { string_value: "1048576" } }
+               parameters { key: "execute_deadline_ms" value { string_value: "250" } }"#,
+            "c",
+        )
+        .expect("parses");
+        let limits = Limits::from_config(&config).expect("valid");
+        assert_eq!(limits.max_memory_bytes, 1 << 20);
+        assert_eq!(limits.execute_deadline, Duration::from_millis(250));
+        assert_eq!(limits.fuel_per_execute, u64::MAX);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let config = parse(r#"parameters { key: "fuel_per_execute" value { string_value: "lots" } }"#, "c").expect("parses");
+        let e = Limits::from_config(&config).expect_err("invalid");
+        assert!(e.contains("fuel_per_execute"), "{e}");
+    }
+}

@@ -1,0 +1,254 @@
+//! Wasm handlers: `backend: "wasm"` models whose `<version>/model.wasm` is a component of the
+//! `tessera:inference/model` world (see `wit/tessera.wit`).
+//!
+//! Lifetimes, as types:
+//! - [`WasmRuntime`] — per server: the wasmtime `Engine` (pooling allocator, epoch ticker) and the
+//!   compiled-code cache.
+//! - [`WasmModel`] — per model version: the `InstancePre` and the sandbox [`Limits`].
+//! - [`WasmInstance`] — per instance (`instance_group.count` of them): a `Store` with an
+//!   instantiated, initialized guest, reused across executions and replaced after a trap.
+//! - per execution: the epoch deadline, fuel, and the BLS call chain in [`host::HostState`].
+//!
+//! A guest's `infer` import enters [`crate::server::Server::infer`], the same path as HTTP.
+
+mod cache;
+mod convert;
+mod host;
+mod limits;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store};
+
+use super::{ComputeTiming, Executed, LoadContext, LoadError, ModelInstance};
+use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
+use crate::repository::model_file;
+use host::{HostState, WasmModel};
+pub use limits::Limits;
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "model",
+    imports: { default: async },
+    exports: { default: async },
+});
+
+/// How often the epoch advances. A running guest is interrupted at this granularity: it yields
+/// to the async executor on each tick, and its wall-clock deadline is checked.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// The largest linear memory any handler may be configured with (`max_memory_bytes`); the
+/// pooling allocator reserves address space for this per memory slot.
+pub const MAX_MEMORY_CAP: u64 = 4 << 30;
+
+/// Per-server Wasm state.
+pub struct WasmRuntime {
+    engine: Engine,
+    linker: Linker<HostState>,
+    cache_dir: Option<PathBuf>,
+    pub counters: Arc<limits::Counters>,
+}
+
+impl WasmRuntime {
+    pub fn new(cache_dir: Option<PathBuf>) -> anyhow::Result<WasmRuntime> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        config.consume_fuel(true);
+        let mut pool = wasmtime::PoolingAllocationConfig::default();
+        // Room for many models and instances; each slot costs address space, not memory.
+        pool.total_component_instances(1000);
+        pool.total_core_instances(10_000);
+        pool.max_core_instances_per_component(64);
+        pool.total_memories(2000);
+        pool.max_memories_per_component(8);
+        pool.total_tables(4000);
+        pool.max_tables_per_component(32);
+        pool.max_memory_size(MAX_MEMORY_CAP as usize);
+        pool.total_stacks(1000);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        Model::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
+        // The epoch ticker lives as long as the process; it holds only a weak engine handle.
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("tessera-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })?;
+        Ok(WasmRuntime { engine, linker, cache_dir, counters: Arc::default() })
+    }
+
+    /// Compiles a component, or loads it from the compiled-code cache.
+    fn component(&self, bytes: &[u8], name: &str) -> Result<Component, LoadError> {
+        cache::load_or_compile(&self.engine, self.cache_dir.as_deref(), bytes, name, &self.counters)
+    }
+}
+
+/// Loads a Wasm model version: compile (or take from the cache), pre-instantiate, and create
+/// and initialize `instance_group.count` instances.
+pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
+    let server = ctx.server.upgrade().ok_or_else(|| LoadError::new("server is shutting down"))?;
+    let runtime = &server.wasm;
+    let limits = Limits::from_config(&ctx.config).map_err(LoadError::new)?;
+    let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
+    let bytes = std::fs::read(&path)
+        .map_err(|e| LoadError::new(format!("cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)", path.display())))?;
+    let component = runtime.component(&bytes, &ctx.name)?;
+    let instance_pre = runtime
+        .linker
+        .instantiate_pre(&component)
+        .map_err(|e| LoadError::new(format!("{} does not fit the tessera:inference/model world: {e:#}", path.display())))?;
+    let pre = Arc::new(WasmModel {
+        pre: ModelPre::new(instance_pre).map_err(|e| LoadError::new(format!("{e:#}")))?,
+        engine: runtime.engine.clone(),
+        limits,
+        name: ctx.name.clone(),
+        version: ctx.version,
+        config_json: crate::config::to_json(&ctx.config).to_string(),
+        server: ctx.server.clone(),
+        counters: runtime.counters.clone(),
+    });
+    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
+    for _ in 0..super::instance_count(&ctx.config) {
+        let live = pre.instantiate().await.map_err(LoadError::new)?;
+        instances.push(Box::new(WasmInstance { pre: pre.clone(), live: Some(live) }));
+    }
+    Ok(instances)
+}
+
+/// One live guest: its store and bindings.
+pub struct Live {
+    store: Store<HostState>,
+    bindings: Model,
+}
+
+/// One instance of a Wasm model version.
+pub struct WasmInstance {
+    pre: Arc<WasmModel>,
+    /// `None` after a trap or a deadline: the next execution starts a fresh instance.
+    live: Option<Live>,
+}
+
+impl ModelInstance for WasmInstance {
+    fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed> {
+        async move { self.run(batch).await }.boxed()
+    }
+}
+
+impl WasmInstance {
+    async fn run(&mut self, batch: Vec<InferRequest>) -> Executed {
+        let n = batch.len();
+        let fail_all = |error: InferError, timing: ComputeTiming| Executed {
+            results: (0..n).map(|_| Err(error.clone())).collect(),
+            timing,
+        };
+        let t0 = Instant::now();
+        let mut live = match self.live.take() {
+            Some(live) => live,
+            None => match self.pre.instantiate().await {
+                Ok(live) => live,
+                Err(e) => return fail_all(InferError::internal(e), ComputeTiming::default()),
+            },
+        };
+        let chain = call_chain(&batch, &self.pre.name);
+        let requests: Vec<_> = batch.iter().map(convert::request_to_wit).collect();
+        if let Err(e) = live.store.data_mut().begin_execution(chain, &self.pre.limits) {
+            return fail_all(InferError::internal(e), ComputeTiming::default());
+        }
+        let limits = &self.pre.limits;
+        live.store.set_epoch_deadline(1);
+        if let Err(e) = live.store.set_fuel(limits.fuel_per_execute) {
+            return fail_all(InferError::internal(e.to_string()), ComputeTiming::default());
+        }
+        let t1 = Instant::now();
+        let call = live.bindings.tessera_inference_handler().call_execute(&mut live.store, &requests);
+        let outcome = tokio::time::timeout(limits.execute_deadline, call).await;
+        let t2 = Instant::now();
+        let host = live.store.data_mut();
+        host.flush_output(&self.pre.name, self.pre.version);
+        let timing = |t3: Instant| ComputeTiming { input: t1 - t0, infer: t2 - t1, output: t3 - t2 };
+        match outcome {
+            Ok(Ok(results)) => {
+                host.end_execution();
+                self.live = Some(live);
+                if results.len() != n {
+                    let e = InferError::internal(format!(
+                        "handler '{}' returned {} responses for {n} requests",
+                        self.pre.name,
+                        results.len()
+                    ));
+                    return fail_all(e, timing(Instant::now()));
+                }
+                let results: Vec<InferResult> = results
+                    .into_iter()
+                    .map(|r| match r {
+                        Ok(response) => convert::response_from_wit(response, limits.max_output_bytes),
+                        Err(e) => Err(convert::error_from_wit(e)),
+                    })
+                    .collect();
+                Executed { results, timing: timing(Instant::now()) }
+            }
+            Ok(Err(trap)) => {
+                let error = self.pre.describe_trap(&trap, host);
+                // The store may be corrupt: drop it; the next execution instantiates afresh.
+                fail_all(error, timing(Instant::now()))
+            }
+            Err(_elapsed) => {
+                self.pre.counters.deadline_kills.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let error = InferError::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "handler '{}' exceeded its execution deadline of {} ms and was stopped",
+                        self.pre.name,
+                        limits.execute_deadline.as_millis()
+                    ),
+                );
+                fail_all(error, timing(Instant::now()))
+            }
+        }
+    }
+}
+
+/// The callers of a batch's requests plus this model: a BLS call from here must not reach any
+/// of them again (that would wait on itself).
+fn call_chain(batch: &[InferRequest], model: &str) -> Vec<String> {
+    let mut chain: Vec<String> = Vec::new();
+    for request in batch {
+        for caller in &request.call_chain {
+            if !chain.contains(caller) {
+                chain.push(caller.clone());
+            }
+        }
+    }
+    chain.push(model.to_owned());
+    chain
+}
+
+impl Drop for WasmInstance {
+    fn drop(&mut self) {
+        // `finalize` is async; run it on the runtime if there is one (unload, shutdown).
+        if let Some(mut live) = self.live.take()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            let deadline = self.pre.limits.execute_deadline;
+            handle.spawn(async move {
+                live.store.set_epoch_deadline(1);
+                let _ = live.store.set_fuel(u64::MAX);
+                let call = live.bindings.tessera_inference_handler().call_finalize(&mut live.store);
+                let _ = tokio::time::timeout(deadline, call).await;
+            });
+        }
+    }
+}
