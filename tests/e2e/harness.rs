@@ -1,0 +1,174 @@
+//! Starts the real `tessera` binary on free loopback ports and talks HTTP to it.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_path_buf()
+}
+
+pub fn examples_repo() -> PathBuf {
+    repo_root().join("model_repository")
+}
+
+pub fn fixtures_repo() -> PathBuf {
+    repo_root().join("tests/fixtures/model_repository")
+}
+
+/// The ONNX Runtime library; the tests need the real one (scripts/setup-python.sh installs it).
+pub fn ort_library() -> String {
+    std::env::var("ORT_DYLIB_PATH").unwrap_or_else(|_| {
+        panic!("ORT_DYLIB_PATH is not set: run scripts/setup-python.sh and export ORT_DYLIB_PATH=$(scripts/ort-dylib-path.sh)")
+    })
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+pub struct TestServer {
+    child: Child,
+    pub base: String,
+    pub log: PathBuf,
+    pub client: reqwest::Client,
+}
+
+impl TestServer {
+    /// Starts tessera on `repos` with extra flags, and waits until it answers.
+    pub async fn start(repos: &[PathBuf], extra: &[&str], cache: &Path) -> TestServer {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("tessera-e2e-{port}.log"));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+        for r in repos {
+            cmd.arg("--model-repository").arg(r);
+        }
+        cmd.args(["--http-address", "127.0.0.1", "--http-port", &port.to_string()])
+            .arg("--wasm-cache-dir")
+            .arg(cache)
+            .args(extra)
+            .env("ORT_DYLIB_PATH", ort_library())
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        let child = cmd.spawn().expect("tessera starts");
+        let server = TestServer {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+            client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(r) = server.client.get(server.url("/v2/health/live")).send().await
+                && r.status().is_success()
+            {
+                return server;
+            }
+            assert!(Instant::now() < deadline, "tessera did not start; log:\n{}", server.log_text());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn log_text(&self) -> String {
+        let mut s = String::new();
+        let _ = std::fs::File::open(&self.log).and_then(|mut f| f.read_to_string(&mut s));
+        s
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.client.get(self.url(path)).send().await.expect("GET answers");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, serde_json::to_vec(body).expect("json"), None).await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>, header_length: Option<usize>) -> (u16, Value) {
+        let mut req = self.client.post(self.url(path)).body(body);
+        if let Some(n) = header_length {
+            req = req.header("Inference-Header-Content-Length", n.to_string());
+        }
+        let r = req.send().await.expect("POST answers");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Infers with JSON tensors; returns the status and the body.
+    pub async fn infer(&self, model: &str, inputs: Value) -> (u16, Value) {
+        self.post_json(&format!("/v2/models/{model}/infer"), &json!({ "inputs": inputs })).await
+    }
+
+    /// The state of each model version, from the repository index.
+    pub async fn states(&self) -> Vec<(String, String, String)> {
+        let r = self.client.post(self.url("/v2/repository/index")).send().await.expect("index");
+        let rows: Vec<Value> = r.json().await.expect("index json");
+        rows.iter()
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+                (s("name"), s("state"), s("reason"))
+            })
+            .collect()
+    }
+
+    pub fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.log_text()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh temporary directory (removed by the OS eventually; names are unique per call).
+pub fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tessera-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// FP32 values of an output in a JSON response.
+pub fn output_f32(body: &Value, name: &str) -> Vec<f32> {
+    body["outputs"]
+        .as_array()
+        .and_then(|o| o.iter().find(|t| t["name"] == name))
+        .and_then(|t| t["data"].as_array())
+        .unwrap_or_else(|| panic!("output {name} in {body}"))
+        .iter()
+        .map(|v| v.as_f64().expect("number") as f32)
+        .collect()
+}
+
+pub fn output(body: &Value, name: &str) -> Value {
+    body["outputs"]
+        .as_array()
+        .and_then(|o| o.iter().find(|t| t["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("output {name} in {body}"))
+}

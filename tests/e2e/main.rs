@@ -1,0 +1,8 @@
+//! End-to-end tests: the real `tessera` binary, real ONNX Runtime, real Wasm components built
+//! from `examples/` and `tests/guests/`, over real HTTP on loopback.
+
+mod harness;
+mod http_protocol;
+mod repository;
+mod sandbox;
+mod wasm_handlers;
