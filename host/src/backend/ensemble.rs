@@ -1,6 +1,227 @@
-//! Ensembles (placeholder).
-use super::{LoadContext, LoadError, ModelInstance};
+//! Ensembles: `platform: "ensemble"` with `ensemble_scheduling.step`.
+//!
+//! The steps form a DAG over named tensors: a step starts as soon as every tensor it reads exists,
+//! independent steps run concurrently, and intermediate tensors stay in memory. Each step is an
+//! ordinary request to its model through [`crate::server::Server::infer`], so it goes through that
+//! model's own queue and dynamic batcher, shared with everybody else's requests.
+//!
+//! The plan is checked at load time: every step's model must be loaded, every mapped name must
+//! be an input or output of that model, every tensor read must be produced exactly once, the
+//! datatypes must agree, and the steps must not form a cycle.
 
-pub fn load(_ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-    Err(LoadError::new("ensembles are not supported yet"))
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use super::{ComputeTiming, Executed, LoadContext, LoadError, ModelInstance};
+use crate::config::{self, ModelConfig};
+use crate::infer::{InferError, InferRequest, InferResponse, InferResult, RequestedOutput};
+use crate::server::Server;
+use crate::tensor::{DataType, Tensor};
+
+/// Concurrent requests one ensemble runs; its steps queue at their own models.
+const ENSEMBLE_CONCURRENCY: usize = 256;
+
+/// One step, resolved.
+#[derive(Debug)]
+struct Step {
+    model: String,
+    version: Option<i64>,
+    /// (step model input, ensemble tensor)
+    inputs: Vec<(String, String)>,
+    /// (step model output, ensemble tensor)
+    outputs: Vec<(String, String)>,
+}
+
+/// The validated DAG of an ensemble.
+#[derive(Debug)]
+struct Plan {
+    name: String,
+    steps: Vec<Step>,
+    outputs: Vec<String>,
+}
+
+/// Checks the ensemble against the loaded models and builds its plan.
+fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadError> {
+    let scheduling = config::ensemble_scheduling(config)
+        .filter(|s| !s.step.is_empty())
+        .ok_or_else(|| LoadError::new("an ensemble needs ensemble_scheduling with at least one step"))?;
+    // Where each tensor comes from, with its datatype.
+    let mut produced: HashMap<String, (DataType, String)> = HashMap::new();
+    for input in &config.input {
+        let dt = config::datatype_from_config(input.data_type)
+            .ok_or_else(|| LoadError::new(format!("ensemble input '{}' has no valid data_type", input.name)))?;
+        produced.insert(input.name.clone(), (dt, "the ensemble's inputs".into()));
+    }
+    let mut steps = Vec::new();
+    for (i, step) in scheduling.step.iter().enumerate() {
+        let label = format!("step {} ('{}')", i + 1, step.model_name);
+        if step.model_name == name {
+            return Err(LoadError::new(format!("{label} refers to the ensemble itself")));
+        }
+        let version = (step.model_version > 0).then_some(step.model_version);
+        let target = server
+            .repository
+            .ready_model(&step.model_name, version)
+            .map_err(|e| LoadError::new(format!("{label}: {}", e.message)))?;
+        let mut inputs = Vec::new();
+        for (model_input, tensor) in &step.input_map {
+            if !target.signature.inputs.iter().any(|s| &s.name == model_input) {
+                return Err(LoadError::new(format!("{label}: '{model_input}' is not an input of '{}'", step.model_name)));
+            }
+            inputs.push((model_input.clone(), tensor.clone()));
+        }
+        let mut outputs = Vec::new();
+        for (model_output, tensor) in &step.output_map {
+            let Some(spec) = target.signature.outputs.iter().find(|s| &s.name == model_output) else {
+                return Err(LoadError::new(format!("{label}: '{model_output}' is not an output of '{}'", step.model_name)));
+            };
+            if let Some((_, by)) = produced.get(tensor) {
+                return Err(LoadError::new(format!("{label}: tensor '{tensor}' is already produced by {by}")));
+            }
+            produced.insert(tensor.clone(), (spec.datatype, label.clone()));
+            outputs.push((model_output.clone(), tensor.clone()));
+        }
+        for spec in target.signature.inputs.iter().filter(|s| !s.optional) {
+            if !step.input_map.contains_key(&spec.name) {
+                return Err(LoadError::new(format!("{label}: required input '{}' is not mapped", spec.name)));
+            }
+        }
+        steps.push(Step { model: step.model_name.clone(), version, inputs, outputs });
+    }
+    // Every read tensor exists, with the datatype the reader expects.
+    for step in &steps {
+        let target = server
+            .repository
+            .ready_model(&step.model, step.version)
+            .map_err(|e| LoadError::new(e.message))?;
+        for (model_input, tensor) in &step.inputs {
+            let Some((dt, by)) = produced.get(tensor) else {
+                return Err(LoadError::new(format!(
+                    "step '{}' reads tensor '{tensor}', which no ensemble input or step output provides",
+                    step.model
+                )));
+            };
+            let want = target.signature.inputs.iter().find(|s| &s.name == model_input).map(|s| s.datatype);
+            if want != Some(*dt) {
+                return Err(LoadError::new(format!(
+                    "step '{}' input '{model_input}' expects {}, but tensor '{tensor}' from {by} is {dt}",
+                    step.model,
+                    want.map_or("?".into(), |d| d.to_string())
+                )));
+            }
+        }
+    }
+    for output in &config.output {
+        if !produced.contains_key(&output.name) {
+            return Err(LoadError::new(format!("ensemble output '{}' is not produced by any step", output.name)));
+        }
+    }
+    check_acyclic(&steps, config)?;
+    Ok(Plan { name: name.to_owned(), steps, outputs: config.output.iter().map(|o| o.name.clone()).collect() })
+}
+
+/// Runs the steps symbolically: if some step can never start, its inputs depend on itself.
+fn check_acyclic(steps: &[Step], config: &ModelConfig) -> Result<(), LoadError> {
+    let mut available: HashSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
+    let mut done = vec![false; steps.len()];
+    loop {
+        let mut progressed = false;
+        for (i, step) in steps.iter().enumerate() {
+            if !done[i] && step.inputs.iter().all(|(_, t)| available.contains(t.as_str())) {
+                done[i] = true;
+                progressed = true;
+                available.extend(step.outputs.iter().map(|(_, t)| t.as_str()));
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    match steps.iter().zip(&done).find(|(_, d)| !**d) {
+        Some((step, _)) => Err(LoadError::new(format!("the ensemble's steps form a cycle through step '{}'", step.model))),
+        None => Ok(()),
+    }
+}
+
+pub fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
+    let server = ctx.server.upgrade().ok_or_else(|| LoadError::new("server is shutting down"))?;
+    let plan = Arc::new(plan(&ctx.name, &ctx.config, &server)?);
+    Ok((0..ENSEMBLE_CONCURRENCY)
+        .map(|_| Box::new(EnsembleInstance { plan: plan.clone(), server: ctx.server.clone() }) as Box<dyn ModelInstance>)
+        .collect())
+}
+
+struct EnsembleInstance {
+    plan: Arc<Plan>,
+    server: Weak<Server>,
+}
+
+impl ModelInstance for EnsembleInstance {
+    fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed> {
+        async move {
+            let started = Instant::now();
+            let runs = batch.into_iter().map(|r| run(&self.plan, &self.server, r));
+            let results = futures::future::join_all(runs).await;
+            Executed { results, timing: ComputeTiming { infer: started.elapsed(), ..Default::default() } }
+        }
+        .boxed()
+    }
+}
+
+/// Runs one request through the DAG.
+async fn run(plan: &Plan, server: &Weak<Server>, request: InferRequest) -> InferResult {
+    let server = server.upgrade().ok_or_else(|| InferError::unavailable("the server is shutting down"))?;
+    let mut chain = request.call_chain.clone();
+    chain.push(plan.name.clone());
+    let mut tensors: HashMap<String, Tensor> = request.inputs.into_iter().map(|t| (t.name.clone(), t)).collect();
+    let mut started = vec![false; plan.steps.len()];
+    let mut running = FuturesUnordered::new();
+    loop {
+        for (i, step) in plan.steps.iter().enumerate() {
+            if started[i] || !step.inputs.iter().all(|(_, t)| tensors.contains_key(t)) {
+                continue;
+            }
+            started[i] = true;
+            let inputs = step
+                .inputs
+                .iter()
+                .filter_map(|(model_input, t)| tensors.get(t).map(|tensor| Tensor { name: model_input.clone(), ..tensor.clone() }))
+                .collect();
+            let step_request = InferRequest {
+                id: request.id.clone(),
+                inputs,
+                outputs: step.outputs.iter().map(|(o, _)| RequestedOutput { name: o.clone(), ..Default::default() }).collect(),
+                parameters: request.parameters.clone(),
+                priority: request.priority,
+                timeout: request.timeout,
+                call_chain: chain.clone(),
+            };
+            let server = server.clone();
+            running.push(async move { (i, server.infer(&step.model, step.version, step_request).await) });
+        }
+        let Some((i, result)) = running.next().await else { break };
+        let step = &plan.steps[i];
+        let response = result.map_err(|e| e.context(format!("ensemble '{}' step '{}' failed", plan.name, step.model)))?;
+        for mut tensor in response.outputs {
+            if let Some((_, name)) = step.outputs.iter().find(|(o, _)| *o == tensor.name) {
+                tensor.name.clone_from(name);
+                tensors.insert(name.clone(), tensor);
+            }
+        }
+    }
+    let outputs = plan
+        .outputs
+        .iter()
+        .map(|name| {
+            tensors
+                .remove(name)
+                .ok_or_else(|| InferError::internal(format!("ensemble '{}' did not produce '{name}'", plan.name)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(InferResponse { outputs, ..Default::default() })
 }
