@@ -13,8 +13,10 @@ use prost::Message;
 fn main() {
     println!("cargo:rerun-if-changed=proto/model_config.proto");
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
-    let fds = protox::compile(["model_config.proto"], ["proto"]).expect("model_config.proto compiles");
-    std::fs::write(out.join("model_config.bin"), fds.encode_to_vec()).expect("write descriptor set");
+    let fds =
+        protox::compile(["model_config.proto"], ["proto"]).expect("model_config.proto compiles");
+    std::fs::write(out.join("model_config.bin"), fds.encode_to_vec())
+        .expect("write descriptor set");
     prost_build::Config::new()
         .compile_fds(fds)
         .expect("prost generates the ModelConfig types");
@@ -25,7 +27,10 @@ fn main() {
 /// Builds each guest workspace and copies its components into the matching model repository.
 fn build_guests() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let root = manifest_dir.parent().expect("host/ has a parent").to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .expect("host/ has a parent")
+        .to_path_buf();
     for dir in ["wit", "guest-sdk", "examples", "tests/guests"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
@@ -35,8 +40,14 @@ fn build_guests() {
     }
     let target_dir = root.join("target").join("guests");
     let guests = [
-        (root.join("examples/Cargo.toml"), root.join("model_repository")),
-        (root.join("tests/guests/Cargo.toml"), root.join("tests/fixtures/model_repository")),
+        (
+            root.join("examples/Cargo.toml"),
+            root.join("model_repository"),
+        ),
+        (
+            root.join("tests/guests/Cargo.toml"),
+            root.join("tests/fixtures/model_repository"),
+        ),
     ];
     for (manifest, repository) in guests {
         if !manifest.exists() {
@@ -52,7 +63,16 @@ fn build_guests() {
             .arg("--target-dir")
             .arg(&target_dir);
         // The outer build's flags and target belong to the host, not to the guests.
-        for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER", "CARGO_MAKEFLAGS", "MAKEFLAGS", "MFLAGS"] {
+        for var in [
+            "CARGO_ENCODED_RUSTFLAGS",
+            "RUSTFLAGS",
+            "CARGO_BUILD_TARGET",
+            "CARGO_TARGET_DIR",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "CARGO_MAKEFLAGS",
+            "MAKEFLAGS",
+            "MFLAGS",
+        ] {
             cmd.env_remove(var);
         }
         let status = cmd.status().expect("cargo can be spawned");
@@ -68,10 +88,18 @@ fn build_guests() {
 
 /// Copies `<name>.wasm` to `<repository>/<name>/1/model.wasm` for each Wasm model there.
 fn install_components(built: &Path, repository: &Path) {
-    let Ok(entries) = std::fs::read_dir(repository) else { return };
+    let Ok(entries) = std::fs::read_dir(repository) else {
+        return;
+    };
     for entry in entries.flatten() {
         let model_dir = entry.path();
-        let Some(name) = model_dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
+        let Some(name) = model_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_owned)
+        else {
+            continue;
+        };
         let config = std::fs::read_to_string(model_dir.join("config.pbtxt")).unwrap_or_default();
         if !config.contains("\"wasm\"") {
             continue;

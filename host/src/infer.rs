@@ -78,7 +78,10 @@ pub struct InferError {
 
 impl InferError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        InferError { kind, message: message.into() }
+        InferError {
+            kind,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
@@ -94,7 +97,10 @@ impl InferError {
     }
     /// Prefixes the message, keeping the kind.
     pub fn context(self, prefix: impl std::fmt::Display) -> Self {
-        InferError { kind: self.kind, message: format!("{prefix}: {}", self.message) }
+        InferError {
+            kind: self.kind,
+            message: format!("{prefix}: {}", self.message),
+        }
     }
 }
 

@@ -18,3 +18,4 @@ pub mod repository;
 pub mod scheduler;
 pub mod server;
 pub mod tensor;
+pub mod warmup;

@@ -44,6 +44,13 @@ struct RepositoryArgs {
     /// Where compiled Wasm handlers are cached between runs [default: ~/.cache/tessera/wasm].
     #[arg(long, env = "TESSERA_WASM_CACHE_DIR")]
     wasm_cache_dir: Option<PathBuf>,
+    /// Rate limiting of executions: `off`, or `execution_count` to run an instance only when the
+    /// resources of its instance group's `rate_limiter` are free.
+    #[arg(long, default_value = "off", value_parser = ["off", "execution_count"])]
+    rate_limit: String,
+    /// A rate-limiter resource total, `NAME:COUNT[:DEVICE]`; repeatable.
+    #[arg(long, value_parser = tessera::scheduler::rate_limit::parse_resource)]
+    rate_limit_resource: Vec<(String, u64)>,
     /// Log detail: 0 = info, 1 = debug, 2 and more = trace. `RUST_LOG` overrides.
     #[arg(long, default_value_t = 0)]
     log_verbose: u8,
@@ -62,9 +69,12 @@ struct ServeArgs {
     /// Reserved for KServe v2 gRPC (not served yet).
     #[arg(long, default_value_t = 8001)]
     grpc_port: u16,
-    /// Reserved for Prometheus metrics (not served yet).
+    /// Prometheus metrics port (`/metrics`).
     #[arg(long, default_value_t = 8002)]
     metrics_port: u16,
+    /// Serve Prometheus metrics on --metrics-port.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    allow_metrics: bool,
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     http_max_input_size: usize,
@@ -84,7 +94,9 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!("{default},cranelift_codegen=warn,wasmtime_cranelift=warn,ort=warn"))
+        EnvFilter::new(format!(
+            "{default},cranelift_codegen=warn,wasmtime_cranelift=warn,ort=warn"
+        ))
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -97,9 +109,13 @@ fn init_logging(verbose: u8) {
 fn server_options(args: &RepositoryArgs, strict_readiness: bool) -> ServerOptions {
     ServerOptions {
         model_repositories: args.model_repository.clone(),
-        load: LoadOptions { strict_model_config: args.strict_model_config },
+        load: LoadOptions {
+            strict_model_config: args.strict_model_config,
+        },
         strict_readiness,
         wasm_cache_dir: args.wasm_cache_dir.clone().or_else(default_cache_dir),
+        rate_limit: args.rate_limit == "execution_count",
+        rate_limit_resources: args.rate_limit_resource.clone(),
     }
 }
 
@@ -116,7 +132,11 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Check(args)) => check(args).await,
         None => {
-            let args = cli.serve.repository.clone().context("--model-repository is required")?;
+            let args = cli
+                .serve
+                .repository
+                .clone()
+                .context("--model-repository is required")?;
             serve(args, cli.serve).await
         }
     }
@@ -135,12 +155,21 @@ async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
     let rows = server.repository.index();
     let mut failed = 0;
     for row in &rows {
-        let version = if row.version.is_empty() { "-" } else { &row.version };
+        let version = if row.version.is_empty() {
+            "-"
+        } else {
+            &row.version
+        };
         if row.state == ModelState::Ready {
             println!("{}\t{version}\tREADY-to-load", row.name);
         } else {
             failed += 1;
-            println!("{}\t{version}\t{}: {}", row.name, row.state.as_str(), row.reason);
+            println!(
+                "{}\t{version}\t{}: {}",
+                row.name,
+                row.state.as_str(),
+                row.reason
+            );
         }
     }
     server.repository.unload_all();
@@ -152,12 +181,20 @@ async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
 
 async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     let server = start_core(&args, serve.strict_readiness).await?;
-    let broken: Vec<_> = server.repository.index().into_iter().filter(|r| r.state != ModelState::Ready).collect();
+    let broken: Vec<_> = server
+        .repository
+        .index()
+        .into_iter()
+        .filter(|r| r.state != ModelState::Ready)
+        .collect();
     for row in &broken {
         tracing::warn!(model = %row.name, version = %row.version, "{}: {}", row.state.as_str(), row.reason);
     }
     if serve.exit_on_error && !broken.is_empty() {
-        anyhow::bail!("{} model versions failed to load and --exit-on-error is set", broken.len());
+        anyhow::bail!(
+            "{} model versions failed to load and --exit-on-error is set",
+            broken.len()
+        );
     }
     let addr: SocketAddr = format!("{}:{}", serve.http_address, serve.http_port)
         .parse()
@@ -166,6 +203,23 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!("KServe v2 HTTP on {}", listener.local_addr()?);
+    if serve.allow_metrics {
+        let metrics_addr: SocketAddr =
+            format!("{}:{}", serve.http_address, serve.metrics_port).parse()?;
+        let metrics_listener = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("cannot listen on {metrics_addr} for metrics"))?;
+        tracing::info!(
+            "Prometheus metrics on {}/metrics",
+            metrics_listener.local_addr()?
+        );
+        let metrics_app = tessera::protocol::http::metrics_router(server.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(metrics_listener, metrics_app).await {
+                tracing::error!("metrics server failed: {e}");
+            }
+        });
+    }
     let app = tessera::protocol::http::router(server.clone(), serve.http_max_input_size);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
@@ -180,10 +234,11 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return ctrl_c.await.unwrap_or(()),
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -1,5 +1,11 @@
 //! Per-model-version statistics, in the shape of Triton's statistics extension
-//! (`GET /v2/models/{m}/stats`): counts and cumulative nanoseconds per phase, and per batch size.
+//! (`GET /v2/models/{m}/stats`): counts and cumulative nanoseconds per phase, and per batch size;
+//! and the same numbers as Prometheus text on `--metrics-port` (`/metrics`), under Triton's metric
+//! names and labels, plus Tessera's own `tessera_*` metrics about Wasm guests.
+//!
+//! The exposition is written here rather than with a metrics crate: the Prometheus client crates
+//! append `_total` to counter names, and Triton's names (`nv_inference_request_success`, ...)
+//! must stay exactly as dashboards and alerts already know them.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -72,7 +78,11 @@ impl ModelStats {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         self.with(|s| {
             s.last_inference_ms = now_ms;
-            if ok { s.success.add(total) } else { s.fail.add(total) }
+            if ok {
+                s.success.add(total)
+            } else {
+                s.fail.add(total)
+            }
         });
     }
 
@@ -130,4 +140,142 @@ impl StatsSnapshot {
             "memory_usage": [],
         })
     }
+}
+
+/// One model version's numbers for the exposition.
+pub struct ModelMetrics<'a> {
+    pub name: &'a str,
+    pub version: i64,
+    pub stats: StatsSnapshot,
+    pub pending: usize,
+}
+
+/// Batch sizes that bound the batch-size histogram's buckets.
+const BATCH_BUCKETS: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+fn us(ns: u64) -> u64 {
+    ns / 1000
+}
+
+/// Renders Prometheus text format (version 0.0.4).
+pub fn render_prometheus(models: &[ModelMetrics<'_>], wasm: &[(&str, &str, &str, u64)]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    type Pick = fn(&ModelMetrics<'_>) -> u64;
+    let families: [(&str, &str, &str, Pick); 10] = [
+        (
+            "nv_inference_request_success",
+            "counter",
+            "Number of successful inference requests, all batch sizes",
+            |m| m.stats.success.count,
+        ),
+        (
+            "nv_inference_request_failure",
+            "counter",
+            "Number of failed inference requests, all batch sizes",
+            |m| m.stats.fail.count,
+        ),
+        (
+            "nv_inference_count",
+            "counter",
+            "Number of inferences performed (a batch of N counts N)",
+            |m| m.stats.inference_count,
+        ),
+        (
+            "nv_inference_exec_count",
+            "counter",
+            "Number of model executions performed (a batch counts once)",
+            |m| m.stats.execution_count,
+        ),
+        (
+            "nv_inference_request_duration_us",
+            "counter",
+            "Cumulative inference request duration in microseconds",
+            |m| us(m.stats.success.ns + m.stats.fail.ns),
+        ),
+        (
+            "nv_inference_queue_duration_us",
+            "counter",
+            "Cumulative inference queuing duration in microseconds",
+            |m| us(m.stats.queue.ns),
+        ),
+        (
+            "nv_inference_compute_input_duration_us",
+            "counter",
+            "Cumulative compute input duration in microseconds",
+            |m| us(m.stats.compute_input.ns),
+        ),
+        (
+            "nv_inference_compute_infer_duration_us",
+            "counter",
+            "Cumulative compute inference duration in microseconds",
+            |m| us(m.stats.compute_infer.ns),
+        ),
+        (
+            "nv_inference_compute_output_duration_us",
+            "counter",
+            "Cumulative inference compute output duration in microseconds",
+            |m| us(m.stats.compute_output.ns),
+        ),
+        (
+            "nv_inference_pending_request_count",
+            "gauge",
+            "Instantaneous number of pending requests awaiting execution per-model",
+            |m| m.pending as u64,
+        ),
+    ];
+    for (name, kind, help, pick) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for m in models {
+            let _ = writeln!(
+                out,
+                "{name}{{model=\"{}\",version=\"{}\"}} {}",
+                m.name,
+                m.version,
+                pick(m)
+            );
+        }
+    }
+    let name = "tessera_batch_size";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Rows per model execution\n# TYPE {name} histogram"
+    );
+    for m in models {
+        let labels = format!("model=\"{}\",version=\"{}\"", m.name, m.version);
+        let executions = |pred: &dyn Fn(usize) -> bool| -> u64 {
+            m.stats
+                .batch
+                .iter()
+                .filter(|(size, _)| pred(**size))
+                .map(|(_, b)| b.compute_infer.count)
+                .sum()
+        };
+        for bound in BATCH_BUCKETS {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels},le=\"{bound}\"}} {}",
+                executions(&|s| s <= bound)
+            );
+        }
+        let total = executions(&|_| true);
+        let sum: u64 = m
+            .stats
+            .batch
+            .iter()
+            .map(|(size, b)| *size as u64 * b.compute_infer.count)
+            .sum();
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {total}"
+        );
+    }
+    for (name, kind, help, value) in wasm {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+    out
 }

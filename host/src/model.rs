@@ -50,8 +50,16 @@ impl Signature {
             optional,
         };
         Signature {
-            inputs: config.input.iter().map(|i| spec(&i.name, i.data_type, &i.dims, i.optional)).collect(),
-            outputs: config.output.iter().map(|o| spec(&o.name, o.data_type, &o.dims, false)).collect(),
+            inputs: config
+                .input
+                .iter()
+                .map(|i| spec(&i.name, i.data_type, &i.dims, i.optional))
+                .collect(),
+            outputs: config
+                .output
+                .iter()
+                .map(|o| spec(&o.name, o.data_type, &o.dims, false))
+                .collect(),
         }
     }
 }
@@ -80,7 +88,16 @@ impl ModelVersion {
         stats: Arc<ModelStats>,
     ) -> ModelVersion {
         let signature = Signature::of(&config);
-        ModelVersion { name, version, kind, config, signature, stats, labels, scheduler }
+        ModelVersion {
+            name,
+            version,
+            kind,
+            config,
+            signature,
+            stats,
+            labels,
+            scheduler,
+        }
     }
 
     fn batched(&self) -> bool {
@@ -105,7 +122,8 @@ impl ModelVersion {
         let requested = request.outputs.clone();
         let id = request.id.clone();
         let mut response = self.scheduler.submit(request).await?;
-        response.outputs = self.select_outputs(std::mem::take(&mut response.outputs), &requested)?;
+        response.outputs =
+            self.select_outputs(std::mem::take(&mut response.outputs), &requested)?;
         response.model_name.clone_from(&self.name);
         response.model_version = self.version.to_string();
         response.id = id;
@@ -160,7 +178,10 @@ impl ModelVersion {
                 &tensor.shape[..]
             };
             let fits = dims.len() == spec.dims.len()
-                && dims.iter().zip(&spec.dims).all(|(&d, &want)| want == -1 || d == want);
+                && dims
+                    .iter()
+                    .zip(&spec.dims)
+                    .all(|(&d, &want)| want == -1 || d == want);
             if !fits {
                 return Err(InferError::invalid(format!(
                     "unexpected shape for input '{}' for model '{model}'. Expected {:?}, got {:?}",
@@ -182,7 +203,12 @@ impl ModelVersion {
             }
         }
         for output in &request.outputs {
-            let Some(spec) = self.signature.outputs.iter().find(|s| s.name == output.name) else {
+            let Some(spec) = self
+                .signature
+                .outputs
+                .iter()
+                .find(|s| s.name == output.name)
+            else {
                 return Err(InferError::invalid(format!(
                     "unexpected inference output '{}' for model '{model}'",
                     output.name
@@ -199,21 +225,33 @@ impl ModelVersion {
     }
 
     /// Keeps the requested outputs (all when none were named), applying classification.
-    fn select_outputs(&self, produced: Vec<Tensor>, requested: &[RequestedOutput]) -> Result<Vec<Tensor>, InferError> {
+    fn select_outputs(
+        &self,
+        produced: Vec<Tensor>,
+        requested: &[RequestedOutput],
+    ) -> Result<Vec<Tensor>, InferError> {
         if requested.is_empty() {
             return Ok(produced);
         }
-        let mut produced: HashMap<String, Tensor> = produced.into_iter().map(|t| (t.name.clone(), t)).collect();
+        let mut produced: HashMap<String, Tensor> =
+            produced.into_iter().map(|t| (t.name.clone(), t)).collect();
         requested
             .iter()
             .map(|want| {
                 let tensor = produced.remove(&want.name).ok_or_else(|| {
-                    InferError::internal(format!("model '{}' did not produce output '{}'", self.name, want.name))
+                    InferError::internal(format!(
+                        "model '{}' did not produce output '{}'",
+                        self.name, want.name
+                    ))
                 })?;
                 if want.class_count == 0 {
                     return Ok(tensor);
                 }
-                let labels = self.labels.get(&want.name).map(Vec::as_slice).unwrap_or(&[]);
+                let labels = self
+                    .labels
+                    .get(&want.name)
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
                 classify(&tensor, want.class_count as usize, self.batched(), labels)
             })
             .collect()
@@ -221,11 +259,20 @@ impl ModelVersion {
 }
 
 /// The classification extension: the top `k` classes of each batch row as "score:index[:label]".
-pub fn classify(tensor: &Tensor, k: usize, batched: bool, labels: &[String]) -> Result<Tensor, InferError> {
-    let values = tensor
-        .to_f64_vec()
-        .ok_or_else(|| InferError::invalid(format!("output '{}' cannot be classified", tensor.name)))?;
-    let rows = if batched { tensor.shape.first().copied().unwrap_or(1).max(1) as usize } else { 1 };
+pub fn classify(
+    tensor: &Tensor,
+    k: usize,
+    batched: bool,
+    labels: &[String],
+) -> Result<Tensor, InferError> {
+    let values = tensor.to_f64_vec().ok_or_else(|| {
+        InferError::invalid(format!("output '{}' cannot be classified", tensor.name))
+    })?;
+    let rows = if batched {
+        tensor.shape.first().copied().unwrap_or(1).max(1) as usize
+    } else {
+        1
+    };
     let per_row = values.len() / rows.max(1);
     let k = k.min(per_row);
     let mut elements = Vec::with_capacity(rows * k);
@@ -245,8 +292,17 @@ pub fn classify(tensor: &Tensor, k: usize, batched: bool, labels: &[String]) -> 
             elements.push(entry.into_bytes());
         }
     }
-    let shape = if batched { vec![rows as i64, k as i64] } else { vec![k as i64] };
-    Ok(Tensor::new(tensor.name.clone(), DataType::Bytes, shape, TensorData::Elements(elements)))
+    let shape = if batched {
+        vec![rows as i64, k as i64]
+    } else {
+        vec![k as i64]
+    };
+    Ok(Tensor::new(
+        tensor.name.clone(),
+        DataType::Bytes,
+        shape,
+        TensorData::Elements(elements),
+    ))
 }
 
 #[cfg(test)]
@@ -259,7 +315,9 @@ mod tests {
         let labels = vec!["a".to_string(), "b".to_string(), "c".to_string()];
         let out = classify(&t, 2, true, &labels).expect("classifies");
         assert_eq!(out.shape, vec![2, 2]);
-        let TensorData::Elements(e) = out.data else { panic!("bytes") };
+        let TensorData::Elements(e) = out.data else {
+            panic!("bytes")
+        };
         assert_eq!(e[0], b"0.7:1:b");
         assert_eq!(e[1], b"0.2:2:c");
         assert_eq!(e[2], b"0.5:0:a");

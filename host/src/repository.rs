@@ -18,7 +18,8 @@ use crate::config::{self, BackendKind, ModelConfig, pb};
 use crate::infer::InferError;
 use crate::metrics::ModelStats;
 use crate::model::ModelVersion;
-use crate::scheduler::{BatchPolicy, Scheduler};
+use crate::scheduler::rate_limit::{RateLimiter, Requirement};
+use crate::scheduler::{BatchPolicy, Executor, Scheduler};
 use crate::server::Server;
 
 /// Lifecycle state of a model version, named as Triton names them.
@@ -84,7 +85,10 @@ pub struct Repository {
 
 impl Repository {
     pub fn new(paths: Vec<PathBuf>) -> Repository {
-        Repository { paths, models: RwLock::new(BTreeMap::new()) }
+        Repository {
+            paths,
+            models: RwLock::new(BTreeMap::new()),
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, ModelEntry>> {
@@ -103,7 +107,10 @@ impl Repository {
                 .map_err(|e| format!("cannot read model repository {}: {e}", root.display()))?;
             for entry in entries.flatten() {
                 let path = entry.path();
-                let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else { continue };
+                let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned)
+                else {
+                    continue;
+                };
                 if !path.is_dir() || name.starts_with('.') {
                     continue;
                 }
@@ -120,7 +127,11 @@ impl Repository {
     }
 
     /// Loads every model. Ensembles load last, as they refer to the others.
-    pub async fn load_all(&self, server: Weak<Server>, options: &LoadOptions) -> Result<(), String> {
+    pub async fn load_all(
+        &self,
+        server: Weak<Server>,
+        options: &LoadOptions,
+    ) -> Result<(), String> {
         let found = self.discover()?;
         let mut prepared: Vec<(String, ModelEntry, Option<BackendKind>)> = found
             .into_iter()
@@ -140,18 +151,32 @@ impl Repository {
     }
 
     /// The version that should answer a request: the given one, or the newest READY one.
-    pub fn ready_model(&self, name: &str, version: Option<i64>) -> Result<Arc<ModelVersion>, InferError> {
+    pub fn ready_model(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<Arc<ModelVersion>, InferError> {
         let models = self.read();
         let Some(entry) = models.get(name) else {
-            return Err(InferError::not_found(format!("Request for unknown model: '{name}' is not found")));
+            return Err(InferError::not_found(format!(
+                "Request for unknown model: '{name}' is not found"
+            )));
         };
         match version {
             Some(v) => match entry.versions.get(&v) {
-                Some(VersionStatus { model: Some(m), state: ModelState::Ready, .. }) => Ok(m.clone()),
+                Some(VersionStatus {
+                    model: Some(m),
+                    state: ModelState::Ready,
+                    ..
+                }) => Ok(m.clone()),
                 Some(status) => Err(InferError::unavailable(format!(
                     "Request for unknown model: '{name}' version {v} is not at ready state ({}{})",
                     status.state.as_str(),
-                    if status.reason.is_empty() { String::new() } else { format!(": {}", status.reason) }
+                    if status.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", status.reason)
+                    }
                 ))),
                 None => Err(InferError::not_found(format!(
                     "Request for unknown model: '{name}' version {v} is not found"
@@ -161,16 +186,30 @@ impl Repository {
                 .versions
                 .values()
                 .rev()
-                .find_map(|s| (s.state == ModelState::Ready).then(|| s.model.clone()).flatten())
+                .find_map(|s| {
+                    (s.state == ModelState::Ready)
+                        .then(|| s.model.clone())
+                        .flatten()
+                })
                 .ok_or_else(|| {
                     let reason = entry
                         .error
                         .clone()
-                        .or_else(|| entry.versions.values().next_back().map(|s| s.reason.clone()))
+                        .or_else(|| {
+                            entry
+                                .versions
+                                .values()
+                                .next_back()
+                                .map(|s| s.reason.clone())
+                        })
                         .unwrap_or_default();
                     InferError::unavailable(format!(
                         "Request for unknown model: '{name}' has no available versions{}",
-                        if reason.is_empty() { String::new() } else { format!(": {reason}") }
+                        if reason.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {reason}")
+                        }
                     ))
                 }),
         }
@@ -190,7 +229,10 @@ impl Repository {
 
     /// Version numbers known for a model.
     pub fn versions(&self, name: &str) -> Vec<i64> {
-        self.read().get(name).map(|e| e.versions.keys().copied().collect()).unwrap_or_default()
+        self.read()
+            .get(name)
+            .map(|e| e.versions.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Every model and version with its state.
@@ -202,7 +244,10 @@ impl Repository {
                     name: name.clone(),
                     version: String::new(),
                     state: ModelState::Unavailable,
-                    reason: entry.error.clone().unwrap_or_else(|| "no versions found".into()),
+                    reason: entry
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "no versions found".into()),
                 });
             }
             for (v, status) in &entry.versions {
@@ -245,7 +290,10 @@ impl Repository {
 
 /// Reads a model's configuration and decides its versions; no backend work yet.
 fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Option<BackendKind>) {
-    let mut entry = ModelEntry { path: path.to_owned(), ..Default::default() };
+    let mut entry = ModelEntry {
+        path: path.to_owned(),
+        ..Default::default()
+    };
     let fail = |mut entry: ModelEntry, message: String| {
         tracing::error!(model = name, "{message}");
         entry.error = Some(message);
@@ -260,7 +308,10 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
     } else if options.strict_model_config {
         return fail(
             entry,
-            format!("{} is missing (start with --strict-model-config=false to derive it from the model file)", config_path.display()),
+            format!(
+                "{} is missing (start with --strict-model-config=false to derive it from the model file)",
+                config_path.display()
+            ),
         );
     } else {
         ModelConfig::default()
@@ -268,7 +319,13 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
     if config.name.is_empty() {
         config.name = name.to_owned();
     } else if config.name != name {
-        return fail(entry, format!("config name '{}' does not match the directory name '{name}'", config.name));
+        return fail(
+            entry,
+            format!(
+                "config name '{}' does not match the directory name '{name}'",
+                config.name
+            ),
+        );
     }
     let versions = match version_folders(path) {
         Ok(v) => v,
@@ -276,7 +333,12 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
     };
     if config.platform.is_empty() && config.backend.is_empty() && !options.strict_model_config {
         // Like Triton's auto-complete: the model file names the backend.
-        let file = |f: &str| versions.iter().rev().any(|v| path.join(v.to_string()).join(f).exists());
+        let file = |f: &str| {
+            versions
+                .iter()
+                .rev()
+                .any(|v| path.join(v.to_string()).join(f).exists())
+        };
         if file("model.onnx") {
             config.platform = "onnxruntime_onnx".into();
         } else if file("model.wasm") {
@@ -311,7 +373,14 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
     }
     entry.config = Some(Arc::new(config));
     for v in selected {
-        entry.versions.insert(v, VersionStatus { state: ModelState::Loading, reason: String::new(), model: None });
+        entry.versions.insert(
+            v,
+            VersionStatus {
+                state: ModelState::Loading,
+                reason: String::new(),
+                model: None,
+            },
+        );
     }
     if entry.versions.is_empty() {
         return fail(entry, "no version folder found (expected e.g. 1/)".into());
@@ -321,7 +390,8 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
 
 /// Numeric subfolders of a model directory.
 fn version_folders(path: &Path) -> Result<Vec<i64>, String> {
-    let entries = std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let entries =
+        std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut versions: Vec<i64> = entries
         .flatten()
         .filter(|e| e.path().is_dir())
@@ -336,19 +406,30 @@ fn version_folders(path: &Path) -> Result<Vec<i64>, String> {
 fn select_versions(config: &ModelConfig, available: &[i64]) -> Result<Vec<i64>, String> {
     use pb::model_version_policy::PolicyChoice;
     let latest = |n: usize| available[available.len().saturating_sub(n.max(1))..].to_vec();
-    match config.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()) {
+    match config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+    {
         None => Ok(latest(1)),
         Some(PolicyChoice::Latest(l)) => Ok(latest(l.num_versions as usize)),
         Some(PolicyChoice::All(_)) => Ok(available.to_vec()),
         Some(PolicyChoice::Specific(s)) => {
-            let missing: Vec<i64> = s.versions.iter().copied().filter(|v| !available.contains(v)).collect();
+            let missing: Vec<i64> = s
+                .versions
+                .iter()
+                .copied()
+                .filter(|v| !available.contains(v))
+                .collect();
             if missing.is_empty() {
                 let mut v = s.versions.clone();
                 v.sort_unstable();
                 v.dedup();
                 Ok(v)
             } else {
-                Err(format!("version_policy names versions {missing:?} that have no folder"))
+                Err(format!(
+                    "version_policy names versions {missing:?} that have no folder"
+                ))
             }
         }
     }
@@ -356,25 +437,84 @@ fn select_versions(config: &ModelConfig, available: &[i64]) -> Result<Vec<i64>, 
 
 /// The model file of a version: `default_model_filename` or the backend's default.
 pub fn model_file(config: &ModelConfig, version_dir: &Path, default: &str) -> PathBuf {
-    let name = if config.default_model_filename.is_empty() { default } else { &config.default_model_filename };
+    let name = if config.default_model_filename.is_empty() {
+        default
+    } else {
+        &config.default_model_filename
+    };
     version_dir.join(name)
 }
 
 /// Reads the label files named by outputs (`label_filename`, one label per line).
-fn read_labels(config: &ModelConfig, model_dir: &Path) -> Result<HashMap<String, Vec<String>>, String> {
+fn read_labels(
+    config: &ModelConfig,
+    model_dir: &Path,
+) -> Result<HashMap<String, Vec<String>>, String> {
     let mut labels = HashMap::new();
-    for output in config.output.iter().filter(|o| !o.label_filename.is_empty()) {
+    for output in config
+        .output
+        .iter()
+        .filter(|o| !o.label_filename.is_empty())
+    {
         let path = model_dir.join(&output.label_filename);
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read label file {}: {e}", path.display()))?;
-        labels.insert(output.name.clone(), text.lines().map(str::to_owned).collect());
+        labels.insert(
+            output.name.clone(),
+            text.lines().map(str::to_owned).collect(),
+        );
     }
     Ok(labels)
 }
 
+/// Pairs instances with the rate-limiter resources of their instance group (instances are
+/// created group by group, `count` each).
+fn executors(
+    config: &ModelConfig,
+    instances: Vec<Box<dyn crate::backend::ModelInstance>>,
+    limiter: &RateLimiter,
+) -> Result<Vec<Executor>, backend::LoadError> {
+    let mut needs: Vec<Requirement> = Vec::new();
+    for group in &config.instance_group {
+        let need: Requirement = group
+            .rate_limiter
+            .as_ref()
+            .map(|r| {
+                r.resources
+                    .iter()
+                    .map(|res| (res.name.clone(), res.count))
+                    .collect()
+            })
+            .unwrap_or_default();
+        limiter.register(&need).map_err(backend::LoadError::new)?;
+        needs.extend(std::iter::repeat_n(
+            need,
+            usize::try_from(group.count.max(1)).unwrap_or(1),
+        ));
+    }
+    Ok(instances
+        .into_iter()
+        .enumerate()
+        .map(|(i, instance)| Executor {
+            instance,
+            resources: needs.get(i).cloned().unwrap_or_default(),
+        })
+        .collect())
+}
+
 /// Loads each selected version of a prepared model.
-async fn load_versions(name: &str, mut entry: ModelEntry, kind: BackendKind, server: &Weak<Server>) -> ModelEntry {
-    let Some(config) = entry.config.clone() else { return entry };
+async fn load_versions(
+    name: &str,
+    mut entry: ModelEntry,
+    kind: BackendKind,
+    server: &Weak<Server>,
+) -> ModelEntry {
+    let Some(config) = entry.config.clone() else {
+        return entry;
+    };
+    let Some(limiter) = server.upgrade().map(|s| s.rate_limiter.clone()) else {
+        return entry;
+    };
     let labels = match read_labels(&config, &entry.path) {
         Ok(l) => l,
         Err(e) => {
@@ -394,18 +534,50 @@ async fn load_versions(name: &str, mut entry: ModelEntry, kind: BackendKind, ser
             version_dir: entry.path.join(version.to_string()),
             server: server.clone(),
         };
-        match backend::load_instances(kind, &ctx).await {
-            Ok(instances) => {
+        let loaded = backend::load_instances(kind, &ctx)
+            .await
+            .and_then(|instances| executors(&config, instances, &limiter));
+        match loaded {
+            Ok(executors) => {
                 let stats = Arc::new(ModelStats::default());
-                let scheduler = Scheduler::start(BatchPolicy::from_config(&config), instances, stats.clone());
-                let model =
-                    ModelVersion::new(name.to_owned(), version, kind, config.clone(), labels.clone(), scheduler, stats);
+                let scheduler = Scheduler::start(
+                    BatchPolicy::from_config(&config),
+                    executors,
+                    stats.clone(),
+                    limiter.clone(),
+                );
+                let model = ModelVersion::new(
+                    name.to_owned(),
+                    version,
+                    kind,
+                    config.clone(),
+                    labels.clone(),
+                    scheduler,
+                    stats,
+                );
+                if let Err(e) = crate::warmup::run(&model, &entry.path).await {
+                    tracing::error!(model = name, version, "UNAVAILABLE: {e}");
+                    *status = VersionStatus {
+                        state: ModelState::Unavailable,
+                        reason: e,
+                        model: None,
+                    };
+                    continue;
+                }
                 tracing::info!(model = name, version, "READY");
-                *status = VersionStatus { state: ModelState::Ready, reason: String::new(), model: Some(Arc::new(model)) };
+                *status = VersionStatus {
+                    state: ModelState::Ready,
+                    reason: String::new(),
+                    model: Some(Arc::new(model)),
+                };
             }
             Err(e) => {
                 tracing::error!(model = name, version, "UNAVAILABLE: {e}");
-                *status = VersionStatus { state: ModelState::Unavailable, reason: e.to_string(), model: None };
+                *status = VersionStatus {
+                    state: ModelState::Unavailable,
+                    reason: e.to_string(),
+                    model: None,
+                };
             }
         }
     }
@@ -425,14 +597,29 @@ mod tests {
         let available = [1, 2, 5];
         assert_eq!(select_versions(&policy(""), &available), Ok(vec![5]));
         assert_eq!(
-            select_versions(&policy("version_policy { latest { num_versions: 2 } }"), &available),
+            select_versions(
+                &policy("version_policy { latest { num_versions: 2 } }"),
+                &available
+            ),
             Ok(vec![2, 5])
         );
-        assert_eq!(select_versions(&policy("version_policy { all { } }"), &available), Ok(vec![1, 2, 5]));
         assert_eq!(
-            select_versions(&policy("version_policy { specific { versions: [1, 5] } }"), &available),
+            select_versions(&policy("version_policy { all { } }"), &available),
+            Ok(vec![1, 2, 5])
+        );
+        assert_eq!(
+            select_versions(
+                &policy("version_policy { specific { versions: [1, 5] } }"),
+                &available
+            ),
             Ok(vec![1, 5])
         );
-        assert!(select_versions(&policy("version_policy { specific { versions: 3 } }"), &available).is_err());
+        assert!(
+            select_versions(
+                &policy("version_policy { specific { versions: 3 } }"),
+                &available
+            )
+            .is_err()
+        );
     }
 }

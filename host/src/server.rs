@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::backend::wasm::WasmRuntime;
 use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
 use crate::repository::{LoadOptions, Repository};
+use crate::scheduler::rate_limit::RateLimiter;
 
 /// Server-wide settings (the command line, minus the ports).
 #[derive(Clone, Debug, Default)]
@@ -17,6 +18,10 @@ pub struct ServerOptions {
     pub strict_readiness: bool,
     /// Where compiled Wasm components are cached across restarts.
     pub wasm_cache_dir: Option<PathBuf>,
+    /// `--rate-limit=execution_count`.
+    pub rate_limit: bool,
+    /// `--rate-limit-resource NAME:COUNT[:DEVICE]`, parsed.
+    pub rate_limit_resources: Vec<(String, u64)>,
 }
 
 /// Maximum depth of nested BLS calls (a handler calling a model that calls a model...).
@@ -26,6 +31,7 @@ pub struct Server {
     pub options: ServerOptions,
     pub repository: Repository,
     pub wasm: WasmRuntime,
+    pub rate_limiter: Arc<RateLimiter>,
 }
 
 impl Server {
@@ -34,6 +40,10 @@ impl Server {
         let wasm = WasmRuntime::new(options.wasm_cache_dir.clone())?;
         let server = Arc::new(Server {
             repository: Repository::new(options.model_repositories.clone()),
+            rate_limiter: Arc::new(RateLimiter::new(
+                options.rate_limit,
+                &options.rate_limit_resources,
+            )),
             options,
             wasm,
         });
@@ -47,7 +57,12 @@ impl Server {
 
     /// Runs `request` on `model` (`version` None: the newest READY version). HTTP, ensemble steps
     /// and Wasm handlers' `infer` calls all come through here, into that model's queue.
-    pub async fn infer(&self, model: &str, version: Option<i64>, request: InferRequest) -> InferResult {
+    pub async fn infer(
+        &self,
+        model: &str,
+        version: Option<i64>,
+        request: InferRequest,
+    ) -> InferResult {
         if request.call_chain.iter().any(|caller| caller == model) {
             return Err(InferError::new(
                 ErrorKind::ResourceExhausted,
@@ -65,6 +80,21 @@ impl Server {
         }
         let target = self.repository.ready_model(model, version)?;
         target.infer(request).await
+    }
+
+    /// Prometheus text for `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        let versions = self.repository.ready_versions();
+        let models: Vec<crate::metrics::ModelMetrics<'_>> = versions
+            .iter()
+            .map(|m| crate::metrics::ModelMetrics {
+                name: &m.name,
+                version: m.version,
+                stats: m.stats.snapshot(),
+                pending: m.pending_count(),
+            })
+            .collect();
+        crate::metrics::render_prometheus(&models, &self.wasm.counters.rows())
     }
 
     /// Liveness: the process answers.

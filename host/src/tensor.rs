@@ -108,8 +108,18 @@ pub fn element_count(shape: &[i64]) -> Option<usize> {
 }
 
 impl Tensor {
-    pub fn new(name: impl Into<String>, datatype: DataType, shape: Vec<i64>, data: TensorData) -> Self {
-        Tensor { name: name.into(), datatype, shape, data }
+    pub fn new(
+        name: impl Into<String>,
+        datatype: DataType,
+        shape: Vec<i64>,
+        data: TensorData,
+    ) -> Self {
+        Tensor {
+            name: name.into(),
+            datatype,
+            shape,
+            data,
+        }
     }
 
     /// Number of elements the shape promises.
@@ -119,9 +129,12 @@ impl Tensor {
 
     /// Checks that the data holds exactly the elements the shape and datatype promise.
     pub fn check_consistent(&self) -> Result<(), String> {
-        let count = self
-            .element_count()
-            .ok_or_else(|| format!("tensor '{}' has an invalid shape {:?}", self.name, self.shape))?;
+        let count = self.element_count().ok_or_else(|| {
+            format!(
+                "tensor '{}' has an invalid shape {:?}",
+                self.name, self.shape
+            )
+        })?;
         match (&self.data, self.datatype.size()) {
             (TensorData::Raw(bytes), Some(size)) => {
                 if bytes.len() != count * size {
@@ -223,7 +236,11 @@ mod tests {
         let t = Tensor::from_f32("x", vec![2, 2], &[1.0, 2.0, 3.0, 4.0]);
         assert!(t.check_consistent().is_ok());
         let bad = Tensor::from_f32("x", vec![2, 3], &[1.0, 2.0, 3.0, 4.0]);
-        assert!(bad.check_consistent().unwrap_err().contains("needs 24 bytes"));
+        assert!(
+            bad.check_consistent()
+                .unwrap_err()
+                .contains("needs 24 bytes")
+        );
     }
 
     #[test]

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_path_buf()
 }
 
 pub fn examples_repo() -> PathBuf {
@@ -28,7 +31,10 @@ pub fn ort_library() -> String {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
 }
 
 pub struct TestServer {
@@ -48,8 +54,16 @@ impl TestServer {
         for r in repos {
             cmd.arg("--model-repository").arg(r);
         }
-        cmd.args(["--http-address", "127.0.0.1", "--http-port", &port.to_string()])
-            .arg("--wasm-cache-dir")
+        cmd.args([
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            &port.to_string(),
+        ]);
+        if !extra.contains(&"--metrics-port") {
+            cmd.args(["--metrics-port", &free_port().to_string()]);
+        }
+        cmd.arg("--wasm-cache-dir")
             .arg(cache)
             .args(extra)
             .env("ORT_DYLIB_PATH", ort_library())
@@ -62,16 +76,27 @@ impl TestServer {
             child,
             base: format!("http://127.0.0.1:{port}"),
             log,
-            client: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client"),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
         };
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            if let Ok(r) = server.client.get(server.url("/v2/health/live")).send().await
+            if let Ok(r) = server
+                .client
+                .get(server.url("/v2/health/live"))
+                .send()
+                .await
                 && r.status().is_success()
             {
                 return server;
             }
-            assert!(Instant::now() < deadline, "tessera did not start; log:\n{}", server.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "tessera did not start; log:\n{}",
+                server.log_text()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -87,17 +112,31 @@ impl TestServer {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.client.get(self.url(path)).send().await.expect("GET answers");
+        let r = self
+            .client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("GET answers");
         let status = r.status().as_u16();
         let text = r.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.post_raw(path, serde_json::to_vec(body).expect("json"), None).await
+        self.post_raw(path, serde_json::to_vec(body).expect("json"), None)
+            .await
     }
 
-    pub async fn post_raw(&self, path: &str, body: Vec<u8>, header_length: Option<usize>) -> (u16, Value) {
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        header_length: Option<usize>,
+    ) -> (u16, Value) {
         let mut req = self.client.post(self.url(path)).body(body);
         if let Some(n) = header_length {
             req = req.header("Inference-Header-Content-Length", n.to_string());
@@ -105,17 +144,29 @@ impl TestServer {
         let r = req.send().await.expect("POST answers");
         let status = r.status().as_u16();
         let text = r.text().await.unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     /// Infers with JSON tensors; returns the status and the body.
     pub async fn infer(&self, model: &str, inputs: Value) -> (u16, Value) {
-        self.post_json(&format!("/v2/models/{model}/infer"), &json!({ "inputs": inputs })).await
+        self.post_json(
+            &format!("/v2/models/{model}/infer"),
+            &json!({ "inputs": inputs }),
+        )
+        .await
     }
 
     /// The state of each model version, from the repository index.
     pub async fn states(&self) -> Vec<(String, String, String)> {
-        let r = self.client.post(self.url("/v2/repository/index")).send().await.expect("index");
+        let r = self
+            .client
+            .post(self.url("/v2/repository/index"))
+            .send()
+            .await
+            .expect("index");
         let rows: Vec<Value> = r.json().await.expect("index json");
         rows.iter()
             .map(|r| {
@@ -137,6 +188,13 @@ impl Drop for TestServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// One compiled-code cache for the whole test run, so each server does not recompile every
+/// guest (tests of the cache itself use their own directory).
+pub fn shared_cache() -> PathBuf {
+    static CACHE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| temp_dir("shared-cache")).clone()
 }
 
 /// A fresh temporary directory (removed by the OS eventually; names are unique per call).

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, examples_repo, output, output_f32, temp_dir};
+use crate::harness::{TestServer, examples_repo, output, output_f32, shared_cache};
 
 fn add_sub_inputs(a: &[f32], b: &[f32], rows: usize) -> Value {
     json!([
@@ -16,7 +16,7 @@ fn ramp(rows: usize, scale: f32) -> Vec<f32> {
 }
 
 async fn start() -> TestServer {
-    TestServer::start(&[examples_repo()], &[], &temp_dir("cache")).await
+    TestServer::start(&[examples_repo()], &[], &shared_cache()).await
 }
 
 #[tokio::test]
@@ -25,12 +25,19 @@ async fn health_metadata_and_config() {
     assert_eq!(s.get("/v2/health/live").await.0, 200);
     let (status, meta) = s.get("/v2").await;
     assert_eq!(status, 200);
-    assert!(meta["extensions"].as_array().is_some_and(|e| e.iter().any(|x| x == "binary_tensor_data")));
+    assert!(
+        meta["extensions"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|x| x == "binary_tensor_data"))
+    );
 
     let (status, model) = s.get("/v2/models/add_sub").await;
     assert_eq!(status, 200, "{model}");
     assert_eq!(model["platform"], "onnxruntime_onnx");
-    assert_eq!(model["inputs"][0], json!({ "name": "INPUT0", "datatype": "FP32", "shape": [-1, 16] }));
+    assert_eq!(
+        model["inputs"][0],
+        json!({ "name": "INPUT0", "datatype": "FP32", "shape": [-1, 16] })
+    );
     assert_eq!(s.get("/v2/models/add_sub/versions/1/ready").await.0, 200);
 
     let (status, config) = s.get("/v2/models/add_sub/config").await;
@@ -82,13 +89,24 @@ async fn binary_request_and_response() {
         .await
         .expect("answers");
     assert_eq!(r.status(), 200);
-    let json_len: usize = r.headers()["inference-header-content-length"].to_str().expect("ascii").parse().expect("number");
+    let json_len: usize = r.headers()["inference-header-content-length"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("number");
     let bytes = r.bytes().await.expect("body");
     let meta: Value = serde_json::from_slice(&bytes[..json_len]).expect("json header");
     assert_eq!(meta["id"], "bin-1");
-    assert_eq!(meta["outputs"].as_array().map(Vec::len), Some(1), "only the requested output: {meta}");
+    assert_eq!(
+        meta["outputs"].as_array().map(Vec::len),
+        Some(1),
+        "only the requested output: {meta}"
+    );
     assert_eq!(meta["outputs"][0]["parameters"]["binary_data_size"], 64);
-    let got: Vec<f32> = bytes[json_len..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let got: Vec<f32> = bytes[json_len..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
     assert_eq!(got, want);
 }
@@ -96,12 +114,17 @@ async fn binary_request_and_response() {
 #[tokio::test]
 async fn classification_uses_labels() {
     let s = start().await;
-    let x: Vec<f32> = (0..64).map(|i| ((i * 7) % 13) as f32 / 13.0 - 0.5).collect();
+    let x: Vec<f32> = (0..64)
+        .map(|i| ((i * 7) % 13) as f32 / 13.0 - 0.5)
+        .collect();
     let inputs = json!([{ "name": "INPUT", "shape": [1, 64], "datatype": "FP32", "data": x }]);
     let (_, raw) = s.infer("mlp_classifier", inputs.clone()).await;
     let probs = output_f32(&raw, "PROBS");
-    let best = (0..probs.len()).max_by(|&i, &j| probs[i].total_cmp(&probs[j])).expect("classes");
-    let labels = std::fs::read_to_string(examples_repo().join("mlp_classifier/labels.txt")).expect("labels");
+    let best = (0..probs.len())
+        .max_by(|&i, &j| probs[i].total_cmp(&probs[j]))
+        .expect("classes");
+    let labels =
+        std::fs::read_to_string(examples_repo().join("mlp_classifier/labels.txt")).expect("labels");
     let label = labels.lines().nth(best).expect("label line");
     let (status, body) = s
         .post_json(
@@ -114,14 +137,19 @@ async fn classification_uses_labels() {
     assert_eq!(top["datatype"], "BYTES");
     assert_eq!(top["shape"], json!([1, 2]));
     let first = top["data"][0].as_str().expect("string");
-    assert!(first.ends_with(&format!(":{best}:{label}")), "{first} should name class {best} ({label})");
+    assert!(
+        first.ends_with(&format!(":{best}:{label}")),
+        "{first} should name class {best} ({label})"
+    );
 }
 
 #[tokio::test]
 async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
     let s = start().await;
     let good = add_sub_inputs(&ramp(1, 1.0), &ramp(1, 2.0), 1);
-    let cases: Vec<(&str, Vec<u8>, Option<usize>, u16, &str)> = vec![
+    /// (what, body, Inference-Header-Content-Length, status, text the error must contain)
+    type Case = (&'static str, Vec<u8>, Option<usize>, u16, &'static str);
+    let cases: Vec<Case> = vec![
         ("malformed JSON", b"{\"inputs\": [".to_vec(), None, 400, "parse"),
         (
             "wrong datatype",
@@ -152,26 +180,52 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
         ("truncated binary body", br#"{"inputs":[]}"#.to_vec(), Some(400), 400, "Inference-Header-Content-Length"),
     ];
     for (what, body, header_length, want_status, want_text) in cases {
-        let (status, err) = s.post_raw("/v2/models/add_sub/infer", body, header_length).await;
+        let (status, err) = s
+            .post_raw("/v2/models/add_sub/infer", body, header_length)
+            .await;
         assert_eq!(status, want_status, "{what}: {err}");
-        let message = err["error"].as_str().unwrap_or_else(|| panic!("{what}: KServe error JSON, got {err}"));
-        assert!(message.contains(want_text), "{what}: '{message}' should mention '{want_text}'");
+        let message = err["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: KServe error JSON, got {err}"));
+        assert!(
+            message.contains(want_text),
+            "{what}: '{message}' should mention '{want_text}'"
+        );
         let (status, body) = s.infer("add_sub", good.clone()).await;
-        assert_eq!(status, 200, "after {what} a good request must succeed: {body}");
+        assert_eq!(
+            status, 200,
+            "after {what} a good request must succeed: {body}"
+        );
     }
     let (status, err) = s.infer("no_such_model", good.clone()).await;
     assert_eq!(status, 404, "{err}");
-    let (status, err) = s.post_json("/v2/models/add_sub/versions/7/infer", &json!({ "inputs": good })).await;
+    let (status, err) = s
+        .post_json(
+            "/v2/models/add_sub/versions/7/infer",
+            &json!({ "inputs": good }),
+        )
+        .await;
     assert_eq!(status, 404, "{err}");
-    assert!(err["error"].as_str().is_some_and(|e| e.contains("version 7")));
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("version 7"))
+    );
     let (status, _) = s.get("/v2/models/no_such_model").await;
     assert_eq!(status, 404);
 }
 
 #[tokio::test]
 async fn body_limit_is_enforced() {
-    let s = TestServer::start(&[examples_repo()], &["--http-max-input-size", "512"], &temp_dir("cache")).await;
-    let (status, err) = s.infer("add_sub", add_sub_inputs(&ramp(4, 1.0), &ramp(4, 1.0), 4)).await;
+    let s = TestServer::start(
+        &[examples_repo()],
+        &["--http-max-input-size", "512"],
+        &shared_cache(),
+    )
+    .await;
+    let (status, err) = s
+        .infer("add_sub", add_sub_inputs(&ramp(4, 1.0), &ramp(4, 1.0), 4))
+        .await;
     assert_eq!(status, 413, "{err}");
     assert!(err["error"].as_str().is_some_and(|e| e.contains("512")));
     let (status, _) = s.infer("add_sub", json!([])).await;
@@ -182,7 +236,12 @@ async fn body_limit_is_enforced() {
 async fn stats_count_requests_and_batches() {
     let s = start().await;
     for rows in [1usize, 2, 2] {
-        let (status, _) = s.infer("add_sub", add_sub_inputs(&ramp(rows, 1.0), &ramp(rows, 1.0), rows)).await;
+        let (status, _) = s
+            .infer(
+                "add_sub",
+                add_sub_inputs(&ramp(rows, 1.0), &ramp(rows, 1.0), rows),
+            )
+            .await;
         assert_eq!(status, 200);
     }
     let _ = s.infer("add_sub", json!([])).await; // a failure
@@ -193,6 +252,11 @@ async fn stats_count_requests_and_batches() {
     assert_eq!(m["execution_count"], 3);
     assert_eq!(m["inference_stats"]["success"]["count"], 3);
     assert_eq!(m["inference_stats"]["fail"]["count"], 1);
-    let sizes: Vec<u64> = m["batch_stats"].as_array().expect("batch stats").iter().map(|b| b["batch_size"].as_u64().expect("size")).collect();
+    let sizes: Vec<u64> = m["batch_stats"]
+        .as_array()
+        .expect("batch stats")
+        .iter()
+        .map(|b| b["batch_size"].as_u64().expect("size"))
+        .collect();
     assert_eq!(sizes, vec![1, 2]);
 }

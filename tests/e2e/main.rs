@@ -5,4 +5,5 @@ mod harness;
 mod http_protocol;
 mod repository;
 mod sandbox;
+mod scheduling;
 mod wasm_handlers;

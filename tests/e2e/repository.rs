@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::harness::{TestServer, examples_repo, ort_library, temp_dir};
+use crate::harness::{TestServer, examples_repo, ort_library, shared_cache, temp_dir};
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("mkdir");
@@ -25,33 +25,63 @@ fn mixed_repository() -> std::path::PathBuf {
     copy_dir(&examples.join("add_sub"), &repo.join("add_sub"));
     // No config.pbtxt at all: derived from the ONNX file.
     std::fs::create_dir_all(repo.join("derived/1")).expect("mkdir");
-    std::fs::copy(examples.join("add_sub/1/model.onnx"), repo.join("derived/1/model.onnx")).expect("copy");
+    std::fs::copy(
+        examples.join("add_sub/1/model.onnx"),
+        repo.join("derived/1/model.onnx"),
+    )
+    .expect("copy");
     // A misspelled field.
     copy_dir(&examples.join("add_sub"), &repo.join("typo"));
     let text = std::fs::read_to_string(repo.join("typo/config.pbtxt")).expect("config");
-    std::fs::write(repo.join("typo/config.pbtxt"), text.replace("name: \"add_sub\"", "name: \"typo\"\nmax_bach_size: 4")).expect("write");
+    std::fs::write(
+        repo.join("typo/config.pbtxt"),
+        text.replace("name: \"add_sub\"", "name: \"typo\"\nmax_bach_size: 4"),
+    )
+    .expect("write");
     // A backend tessera does not run.
     std::fs::create_dir_all(repo.join("trt/1")).expect("mkdir");
-    std::fs::write(repo.join("trt/config.pbtxt"), "name: \"trt\"\nplatform: \"tensorrt_plan\"\nmax_batch_size: 8\n").expect("write");
+    std::fs::write(
+        repo.join("trt/config.pbtxt"),
+        "name: \"trt\"\nplatform: \"tensorrt_plan\"\nmax_batch_size: 8\n",
+    )
+    .expect("write");
     // A GPU instance group on a CPU-only build.
     copy_dir(&examples.join("add_sub"), &repo.join("gpu"));
     let text = std::fs::read_to_string(repo.join("gpu/config.pbtxt")).expect("config");
-    std::fs::write(repo.join("gpu/config.pbtxt"), text.replace("name: \"add_sub\"", "name: \"gpu\"").replace("KIND_CPU", "KIND_GPU")).expect("write");
+    std::fs::write(
+        repo.join("gpu/config.pbtxt"),
+        text.replace("name: \"add_sub\"", "name: \"gpu\"")
+            .replace("KIND_CPU", "KIND_GPU"),
+    )
+    .expect("write");
     repo
 }
 
 #[tokio::test]
 async fn broken_models_do_not_stop_the_others() {
     let repo = mixed_repository();
-    let s = TestServer::start(&[repo], &["--strict-readiness=false"], &temp_dir("cache")).await;
+    let s = TestServer::start(&[repo], &["--strict-readiness=false"], &shared_cache()).await;
     let states = s.states().await;
-    let state = |name: &str| states.iter().find(|(n, _, _)| n == name).cloned().unwrap_or_else(|| panic!("{name} in {states:?}"));
+    let state = |name: &str| {
+        states
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} in {states:?}"))
+    };
     assert_eq!(state("add_sub").1, "READY");
     assert_eq!(state("derived").1, "READY", "{:?}", state("derived"));
     let typo = state("typo");
     assert_eq!(typo.1, "UNAVAILABLE");
-    assert!(typo.2.contains("max_bach_size") && typo.2.contains("config.pbtxt:2:"), "{typo:?}");
-    assert!(state("trt").2.contains("tensorrt_plan"), "{:?}", state("trt"));
+    assert!(
+        typo.2.contains("max_bach_size") && typo.2.contains("config.pbtxt:2:"),
+        "{typo:?}"
+    );
+    assert!(
+        state("trt").2.contains("tensorrt_plan"),
+        "{:?}",
+        state("trt")
+    );
     assert!(state("gpu").2.contains("KIND_GPU"), "{:?}", state("gpu"));
 
     // Auto-complete derived the configuration from the ONNX file.
@@ -61,14 +91,18 @@ async fn broken_models_do_not_stop_the_others() {
     assert_eq!(config["input"][0]["dims"], serde_json::json!(["16"]));
     let (status, err) = s.infer("typo", serde_json::json!([])).await;
     assert_eq!(status, 503, "{err}");
-    assert!(err["error"].as_str().is_some_and(|e| e.contains("max_bach_size")));
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("max_bach_size"))
+    );
     // Strict readiness is off: the server is ready although some models are not.
     assert_eq!(s.get("/v2/health/ready").await.0, 200);
 }
 
 #[tokio::test]
 async fn strict_readiness_reports_broken_models() {
-    let s = TestServer::start(&[mixed_repository()], &[], &temp_dir("cache")).await;
+    let s = TestServer::start(&[mixed_repository()], &[], &shared_cache()).await;
     assert_eq!(s.get("/v2/health/ready").await.0, 503);
     assert_eq!(s.get("/v2/models/add_sub/ready").await.0, 200);
 }
@@ -79,14 +113,21 @@ fn check_command_reports_each_version() {
         .args(["check", "--model-repository"])
         .arg(examples_repo())
         .arg("--wasm-cache-dir")
-        .arg(temp_dir("cache"))
+        .arg(shared_cache())
         .env("ORT_DYLIB_PATH", ort_library())
         .output()
         .expect("runs");
     let stdout = String::from_utf8_lossy(&ok.stdout);
-    assert!(ok.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(stdout.contains("add_sub\t1\tREADY-to-load"), "{stdout}");
-    assert!(stdout.contains("preprocess_text\t1\tREADY-to-load"), "{stdout}");
+    assert!(
+        stdout.contains("preprocess_text\t1\tREADY-to-load"),
+        "{stdout}"
+    );
 
     let bad = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["check", "--model-repository"])
@@ -104,14 +145,24 @@ fn check_command_reports_each_version() {
 async fn missing_onnx_runtime_is_reported_not_fatal() {
     let s = TestServer::start(
         &[examples_repo()],
-        &["--onnxruntime-library", "/nonexistent/libonnxruntime.so", "--strict-readiness=false"],
-        &temp_dir("cache"),
+        &[
+            "--onnxruntime-library",
+            "/nonexistent/libonnxruntime.so",
+            "--strict-readiness=false",
+        ],
+        &shared_cache(),
     )
     .await;
     let states = s.states().await;
-    let add_sub = states.iter().find(|(n, _, _)| n == "add_sub").expect("listed");
+    let add_sub = states
+        .iter()
+        .find(|(n, _, _)| n == "add_sub")
+        .expect("listed");
     assert_eq!(add_sub.1, "UNAVAILABLE");
     assert!(add_sub.2.contains("pip install onnxruntime"), "{add_sub:?}");
-    let wasm = states.iter().find(|(n, _, _)| n == "add_sub_wasm").expect("listed");
+    let wasm = states
+        .iter()
+        .find(|(n, _, _)| n == "add_sub_wasm")
+        .expect("listed");
     assert_eq!(wasm.1, "READY", "Wasm handlers do not need ONNX Runtime");
 }

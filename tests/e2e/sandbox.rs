@@ -3,25 +3,38 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, fixtures_repo, output_f32, temp_dir};
+use crate::harness::{TestServer, fixtures_repo, output_f32, shared_cache};
 
 fn x(value: f32) -> Value {
     json!([{ "name": "X", "shape": [1, 1], "datatype": "FP32", "data": [value] }])
 }
 
 async fn start() -> TestServer {
-    TestServer::start(&[fixtures_repo()], &[], &temp_dir("cache")).await
+    TestServer::start(&[fixtures_repo()], &[], &shared_cache()).await
 }
 
 /// Sends the bad input, checks the error, then checks the server, a bystander and the guest.
 async fn misbehaves(s: &TestServer, model: &str, want_status: u16, want_text: &str) {
     let (status, err) = s.infer(model, x(-1.0)).await;
     assert_eq!(status, want_status, "{model}: {err}");
-    let message = err["error"].as_str().unwrap_or_else(|| panic!("{model}: KServe error JSON, got {err}"));
-    assert!(message.contains(want_text), "{model}: '{message}' should mention '{want_text}'");
-    assert_eq!(s.get("/v2/health/live").await.0, 200, "{model}: server alive");
+    let message = err["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{model}: KServe error JSON, got {err}"));
+    assert!(
+        message.contains(want_text),
+        "{model}: '{message}' should mention '{want_text}'"
+    );
+    assert_eq!(
+        s.get("/v2/health/live").await.0,
+        200,
+        "{model}: server alive"
+    );
     let (status, body) = s.infer("identity_echo", x(4.0)).await;
-    assert_eq!((status, output_f32(&body, "Y")), (200, vec![4.0]), "{model}: bystander answers");
+    assert_eq!(
+        (status, output_f32(&body, "Y")),
+        (200, vec![4.0]),
+        "{model}: bystander answers"
+    );
     let (status, body) = s.infer(model, x(2.0)).await;
     assert_eq!(status, 200, "{model} serves again: {body}");
     assert_eq!(output_f32(&body, "Y"), vec![2.0]);

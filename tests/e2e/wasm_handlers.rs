@@ -2,10 +2,10 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, examples_repo, output, output_f32, temp_dir};
+use crate::harness::{TestServer, examples_repo, output, output_f32, shared_cache, temp_dir};
 
 async fn start() -> TestServer {
-    TestServer::start(&[examples_repo()], &[], &temp_dir("cache")).await
+    TestServer::start(&[examples_repo()], &[], &shared_cache()).await
 }
 
 fn pair(a: &[f32], b: &[f32]) -> Value {
@@ -42,10 +42,15 @@ async fn tokenizer_produces_bert_ids() {
     assert_eq!(ids["shape"], json!([2, 8]));
     assert_eq!(
         ids["data"],
-        json!([101, 1037, 2158, 2003, 5983, 2833, 1012, 102, 101, 7592, 1010, 2088, 999, 102, 0, 0])
+        json!([
+            101, 1037, 2158, 2003, 5983, 2833, 1012, 102, 101, 7592, 1010, 2088, 999, 102, 0, 0
+        ])
     );
     let mask = output(&body, "ATTENTION_MASK");
-    assert_eq!(mask["data"], json!([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]));
+    assert_eq!(
+        mask["data"],
+        json!([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0])
+    );
 }
 
 #[tokio::test]
@@ -57,9 +62,16 @@ async fn tokenizer_rejects_non_utf8_alone() {
     let n = body.len();
     body.extend_from_slice(&2u32.to_le_bytes());
     body.extend_from_slice(&[0xff, 0xfe]);
-    let (status, err) = s.post_raw("/v2/models/preprocess_text/infer", body, Some(n)).await;
+    let (status, err) = s
+        .post_raw("/v2/models/preprocess_text/infer", body, Some(n))
+        .await;
     assert_eq!(status, 400, "{err}");
-    assert!(err["error"].as_str().is_some_and(|e| e.to_lowercase().contains("utf-8")), "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.to_lowercase().contains("utf-8")),
+        "{err}"
+    );
     let ok = json!([{ "name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["fine"] }]);
     assert_eq!(s.infer("preprocess_text", ok).await.0, 200);
 }
@@ -88,7 +100,10 @@ async fn bls_branch_takes_each_branch_through_other_models() {
     // sum(a + b) >= 0: branch B runs add_sub_wasm(a+b, a-b) -> 2a.
     let (status, body) = s.infer("bls_branch", pair(&a, &b)).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(output_f32(&body, "OUTPUT"), a.iter().map(|x| 2.0 * x).collect::<Vec<_>>());
+    assert_eq!(
+        output_f32(&body, "OUTPUT"),
+        a.iter().map(|x| 2.0 * x).collect::<Vec<_>>()
+    );
     assert_eq!(output(&body, "BRANCH")["data"], json!(["add_sub_wasm"]));
     // sum(a + b) < 0: branch C runs add_sub(a-b, a+b) and takes OUTPUT1 = -2b.
     let neg: Vec<f32> = a.iter().map(|x| -x - 5.0).collect();
@@ -98,7 +113,10 @@ async fn bls_branch_takes_each_branch_through_other_models() {
     assert_eq!(output(&body, "BRANCH")["data"], json!(["add_sub"]));
     // The inner calls went through the other models' queues: their statistics saw them.
     let (_, stats) = s.get("/v2/models/add_sub/stats").await;
-    assert_eq!(stats["model_stats"][0]["inference_stats"]["success"]["count"], 3, "{stats}");
+    assert_eq!(
+        stats["model_stats"][0]["inference_stats"]["success"]["count"], 3,
+        "{stats}"
+    );
 }
 
 #[tokio::test]
@@ -107,13 +125,22 @@ async fn restart_reuses_compiled_code() {
     let first = TestServer::start(&[examples_repo()], &[], &cache).await;
     assert!(!first.states().await.is_empty());
     let log = first.stop();
-    assert!(log.contains("compiled-code cache miss"), "first start compiles:\n{log}");
+    assert!(
+        log.contains("compiled-code cache miss"),
+        "first start compiles:\n{log}"
+    );
     let second = TestServer::start(&[examples_repo()], &[], &cache).await;
     let (status, _) = second
         .infer("add_sub_wasm", pair(&[1.0; 16], &[2.0; 16]))
         .await;
     assert_eq!(status, 200);
     let log = second.stop();
-    assert!(log.contains("compiled-code cache hit"), "restart loads from the cache:\n{log}");
-    assert!(!log.contains("compiled-code cache miss"), "restart must not recompile:\n{log}");
+    assert!(
+        log.contains("compiled-code cache hit"),
+        "restart loads from the cache:\n{log}"
+    );
+    assert!(
+        !log.contains("compiled-code cache miss"),
+        "restart must not recompile:\n{log}"
+    );
 }

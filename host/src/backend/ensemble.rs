@@ -49,19 +49,27 @@ struct Plan {
 fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadError> {
     let scheduling = config::ensemble_scheduling(config)
         .filter(|s| !s.step.is_empty())
-        .ok_or_else(|| LoadError::new("an ensemble needs ensemble_scheduling with at least one step"))?;
+        .ok_or_else(|| {
+            LoadError::new("an ensemble needs ensemble_scheduling with at least one step")
+        })?;
     // Where each tensor comes from, with its datatype.
     let mut produced: HashMap<String, (DataType, String)> = HashMap::new();
     for input in &config.input {
-        let dt = config::datatype_from_config(input.data_type)
-            .ok_or_else(|| LoadError::new(format!("ensemble input '{}' has no valid data_type", input.name)))?;
+        let dt = config::datatype_from_config(input.data_type).ok_or_else(|| {
+            LoadError::new(format!(
+                "ensemble input '{}' has no valid data_type",
+                input.name
+            ))
+        })?;
         produced.insert(input.name.clone(), (dt, "the ensemble's inputs".into()));
     }
     let mut steps = Vec::new();
     for (i, step) in scheduling.step.iter().enumerate() {
         let label = format!("step {} ('{}')", i + 1, step.model_name);
         if step.model_name == name {
-            return Err(LoadError::new(format!("{label} refers to the ensemble itself")));
+            return Err(LoadError::new(format!(
+                "{label} refers to the ensemble itself"
+            )));
         }
         let version = (step.model_version > 0).then_some(step.model_version);
         let target = server
@@ -70,28 +78,54 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
             .map_err(|e| LoadError::new(format!("{label}: {}", e.message)))?;
         let mut inputs = Vec::new();
         for (model_input, tensor) in &step.input_map {
-            if !target.signature.inputs.iter().any(|s| &s.name == model_input) {
-                return Err(LoadError::new(format!("{label}: '{model_input}' is not an input of '{}'", step.model_name)));
+            if !target
+                .signature
+                .inputs
+                .iter()
+                .any(|s| &s.name == model_input)
+            {
+                return Err(LoadError::new(format!(
+                    "{label}: '{model_input}' is not an input of '{}'",
+                    step.model_name
+                )));
             }
             inputs.push((model_input.clone(), tensor.clone()));
         }
         let mut outputs = Vec::new();
         for (model_output, tensor) in &step.output_map {
-            let Some(spec) = target.signature.outputs.iter().find(|s| &s.name == model_output) else {
-                return Err(LoadError::new(format!("{label}: '{model_output}' is not an output of '{}'", step.model_name)));
+            let Some(spec) = target
+                .signature
+                .outputs
+                .iter()
+                .find(|s| &s.name == model_output)
+            else {
+                return Err(LoadError::new(format!(
+                    "{label}: '{model_output}' is not an output of '{}'",
+                    step.model_name
+                )));
             };
             if let Some((_, by)) = produced.get(tensor) {
-                return Err(LoadError::new(format!("{label}: tensor '{tensor}' is already produced by {by}")));
+                return Err(LoadError::new(format!(
+                    "{label}: tensor '{tensor}' is already produced by {by}"
+                )));
             }
             produced.insert(tensor.clone(), (spec.datatype, label.clone()));
             outputs.push((model_output.clone(), tensor.clone()));
         }
         for spec in target.signature.inputs.iter().filter(|s| !s.optional) {
             if !step.input_map.contains_key(&spec.name) {
-                return Err(LoadError::new(format!("{label}: required input '{}' is not mapped", spec.name)));
+                return Err(LoadError::new(format!(
+                    "{label}: required input '{}' is not mapped",
+                    spec.name
+                )));
             }
         }
-        steps.push(Step { model: step.model_name.clone(), version, inputs, outputs });
+        steps.push(Step {
+            model: step.model_name.clone(),
+            version,
+            inputs,
+            outputs,
+        });
     }
     // Every read tensor exists, with the datatype the reader expects.
     for step in &steps {
@@ -106,7 +140,12 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
                     step.model
                 )));
             };
-            let want = target.signature.inputs.iter().find(|s| &s.name == model_input).map(|s| s.datatype);
+            let want = target
+                .signature
+                .inputs
+                .iter()
+                .find(|s| &s.name == model_input)
+                .map(|s| s.datatype);
             if want != Some(*dt) {
                 return Err(LoadError::new(format!(
                     "step '{}' input '{model_input}' expects {}, but tensor '{tensor}' from {by} is {dt}",
@@ -118,11 +157,18 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
     }
     for output in &config.output {
         if !produced.contains_key(&output.name) {
-            return Err(LoadError::new(format!("ensemble output '{}' is not produced by any step", output.name)));
+            return Err(LoadError::new(format!(
+                "ensemble output '{}' is not produced by any step",
+                output.name
+            )));
         }
     }
     check_acyclic(&steps, config)?;
-    Ok(Plan { name: name.to_owned(), steps, outputs: config.output.iter().map(|o| o.name.clone()).collect() })
+    Ok(Plan {
+        name: name.to_owned(),
+        steps,
+        outputs: config.output.iter().map(|o| o.name.clone()).collect(),
+    })
 }
 
 /// Runs the steps symbolically: if some step can never start, its inputs depend on itself.
@@ -132,7 +178,12 @@ fn check_acyclic(steps: &[Step], config: &ModelConfig) -> Result<(), LoadError> 
     loop {
         let mut progressed = false;
         for (i, step) in steps.iter().enumerate() {
-            if !done[i] && step.inputs.iter().all(|(_, t)| available.contains(t.as_str())) {
+            if !done[i]
+                && step
+                    .inputs
+                    .iter()
+                    .all(|(_, t)| available.contains(t.as_str()))
+            {
                 done[i] = true;
                 progressed = true;
                 available.extend(step.outputs.iter().map(|(_, t)| t.as_str()));
@@ -143,16 +194,27 @@ fn check_acyclic(steps: &[Step], config: &ModelConfig) -> Result<(), LoadError> 
         }
     }
     match steps.iter().zip(&done).find(|(_, d)| !**d) {
-        Some((step, _)) => Err(LoadError::new(format!("the ensemble's steps form a cycle through step '{}'", step.model))),
+        Some((step, _)) => Err(LoadError::new(format!(
+            "the ensemble's steps form a cycle through step '{}'",
+            step.model
+        ))),
         None => Ok(()),
     }
 }
 
 pub fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-    let server = ctx.server.upgrade().ok_or_else(|| LoadError::new("server is shutting down"))?;
+    let server = ctx
+        .server
+        .upgrade()
+        .ok_or_else(|| LoadError::new("server is shutting down"))?;
     let plan = Arc::new(plan(&ctx.name, &ctx.config, &server)?);
     Ok((0..ENSEMBLE_CONCURRENCY)
-        .map(|_| Box::new(EnsembleInstance { plan: plan.clone(), server: ctx.server.clone() }) as Box<dyn ModelInstance>)
+        .map(|_| {
+            Box::new(EnsembleInstance {
+                plan: plan.clone(),
+                server: ctx.server.clone(),
+            }) as Box<dyn ModelInstance>
+        })
         .collect())
 }
 
@@ -167,7 +229,13 @@ impl ModelInstance for EnsembleInstance {
             let started = Instant::now();
             let runs = batch.into_iter().map(|r| run(&self.plan, &self.server, r));
             let results = futures::future::join_all(runs).await;
-            Executed { results, timing: ComputeTiming { infer: started.elapsed(), ..Default::default() } }
+            Executed {
+                results,
+                timing: ComputeTiming {
+                    infer: started.elapsed(),
+                    ..Default::default()
+                },
+            }
         }
         .boxed()
     }
@@ -175,10 +243,16 @@ impl ModelInstance for EnsembleInstance {
 
 /// Runs one request through the DAG.
 async fn run(plan: &Plan, server: &Weak<Server>, request: InferRequest) -> InferResult {
-    let server = server.upgrade().ok_or_else(|| InferError::unavailable("the server is shutting down"))?;
+    let server = server
+        .upgrade()
+        .ok_or_else(|| InferError::unavailable("the server is shutting down"))?;
     let mut chain = request.call_chain.clone();
     chain.push(plan.name.clone());
-    let mut tensors: HashMap<String, Tensor> = request.inputs.into_iter().map(|t| (t.name.clone(), t)).collect();
+    let mut tensors: HashMap<String, Tensor> = request
+        .inputs
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
     let mut started = vec![false; plan.steps.len()];
     let mut running = FuturesUnordered::new();
     loop {
@@ -190,23 +264,47 @@ async fn run(plan: &Plan, server: &Weak<Server>, request: InferRequest) -> Infer
             let inputs = step
                 .inputs
                 .iter()
-                .filter_map(|(model_input, t)| tensors.get(t).map(|tensor| Tensor { name: model_input.clone(), ..tensor.clone() }))
+                .filter_map(|(model_input, t)| {
+                    tensors.get(t).map(|tensor| Tensor {
+                        name: model_input.clone(),
+                        ..tensor.clone()
+                    })
+                })
                 .collect();
             let step_request = InferRequest {
                 id: request.id.clone(),
                 inputs,
-                outputs: step.outputs.iter().map(|(o, _)| RequestedOutput { name: o.clone(), ..Default::default() }).collect(),
+                outputs: step
+                    .outputs
+                    .iter()
+                    .map(|(o, _)| RequestedOutput {
+                        name: o.clone(),
+                        ..Default::default()
+                    })
+                    .collect(),
                 parameters: request.parameters.clone(),
                 priority: request.priority,
                 timeout: request.timeout,
                 call_chain: chain.clone(),
             };
             let server = server.clone();
-            running.push(async move { (i, server.infer(&step.model, step.version, step_request).await) });
+            running.push(async move {
+                (
+                    i,
+                    server.infer(&step.model, step.version, step_request).await,
+                )
+            });
         }
-        let Some((i, result)) = running.next().await else { break };
+        let Some((i, result)) = running.next().await else {
+            break;
+        };
         let step = &plan.steps[i];
-        let response = result.map_err(|e| e.context(format!("ensemble '{}' step '{}' failed", plan.name, step.model)))?;
+        let response = result.map_err(|e| {
+            e.context(format!(
+                "ensemble '{}' step '{}' failed",
+                plan.name, step.model
+            ))
+        })?;
         for mut tensor in response.outputs {
             if let Some((_, name)) = step.outputs.iter().find(|(o, _)| *o == tensor.name) {
                 tensor.name.clone_from(name);
@@ -218,10 +316,13 @@ async fn run(plan: &Plan, server: &Weak<Server>, request: InferRequest) -> Infer
         .outputs
         .iter()
         .map(|name| {
-            tensors
-                .remove(name)
-                .ok_or_else(|| InferError::internal(format!("ensemble '{}' did not produce '{name}'", plan.name)))
+            tensors.remove(name).ok_or_else(|| {
+                InferError::internal(format!("ensemble '{}' did not produce '{name}'", plan.name))
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(InferResponse { outputs, ..Default::default() })
+    Ok(InferResponse {
+        outputs,
+        ..Default::default()
+    })
 }

@@ -87,7 +87,12 @@ pub fn check_instance_groups(config: &ModelConfig) -> Result<(), LoadError> {
                     kind.as_str_name()
                 )));
             }
-            Err(_) => return Err(LoadError::new(format!("unknown instance_group kind {}", group.kind))),
+            Err(_) => {
+                return Err(LoadError::new(format!(
+                    "unknown instance_group kind {}",
+                    group.kind
+                )));
+            }
         }
     }
     Ok(())

@@ -35,14 +35,21 @@ static RUNTIME: OnceLock<Result<ort::environment::Environment, String>> = OnceLo
 /// Loads the ONNX Runtime library once. `library` wins over `ORT_DYLIB_PATH`.
 pub fn init_runtime(library: Option<&Path>) -> Result<(), String> {
     let result = RUNTIME.get_or_init(|| {
-        let path: PathBuf = match library.map(Path::to_path_buf).or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)) {
+        let path: PathBuf = match library
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from))
+        {
             Some(p) => p,
             None => return Err(missing_runtime_message("no library given")),
         };
         if !path.exists() {
-            return Err(missing_runtime_message(&format!("{} does not exist", path.display())));
+            return Err(missing_runtime_message(&format!(
+                "{} does not exist",
+                path.display()
+            )));
         }
-        let builder = ort::init_from(&path).map_err(|e| missing_runtime_message(&format!("{}: {e}", path.display())))?;
+        let builder = ort::init_from(&path)
+            .map_err(|e| missing_runtime_message(&format!("{}: {e}", path.display())))?;
         let env = builder
             .with_name("tessera")
             .build()
@@ -75,18 +82,23 @@ fn runtime() -> Result<&'static ort::environment::Environment, LoadError> {
 fn thread_parameter(config: &ModelConfig, key: &str) -> Result<usize, LoadError> {
     match string_parameter(config, key) {
         None => Ok(1),
-        Some(v) => v
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| LoadError::new(format!("parameter {key} must be a non-negative integer, got '{v}'"))),
+        Some(v) => v.trim().parse::<usize>().map_err(|_| {
+            LoadError::new(format!(
+                "parameter {key} must be a non-negative integer, got '{v}'"
+            ))
+        }),
     }
 }
 
 fn open_session(path: &Path, intra: usize, inter: usize) -> Result<Session, LoadError> {
     if !path.exists() {
-        return Err(LoadError::new(format!("model file {} not found", path.display())));
+        return Err(LoadError::new(format!(
+            "model file {} not found",
+            path.display()
+        )));
     }
-    let fail = |e: String| LoadError::new(format!("ONNX Runtime cannot load {}: {e}", path.display()));
+    let fail =
+        |e: String| LoadError::new(format!("ONNX Runtime cannot load {}: {e}", path.display()));
     Session::builder(runtime()?)
         .map_err(|e| fail(e.to_string()))?
         .with_intra_threads(intra)
@@ -127,15 +139,24 @@ pub fn signature(path: &Path) -> Result<ModelSignature, LoadError> {
                 ValueType::Tensor { ty, shape, .. } => Ok(TensorSignature {
                     name: o.name().to_owned(),
                     datatype: datatype_of(*ty).ok_or_else(|| {
-                        LoadError::new(format!("tensor '{}' has element type {ty:?}, which tessera does not serve", o.name()))
+                        LoadError::new(format!(
+                            "tensor '{}' has element type {ty:?}, which tessera does not serve",
+                            o.name()
+                        ))
                     })?,
                     dims: shape.iter().copied().collect(),
                 }),
-                other => Err(LoadError::new(format!("'{}' is a {other:?}, not a tensor", o.name()))),
+                other => Err(LoadError::new(format!(
+                    "'{}' is a {other:?}, not a tensor",
+                    o.name()
+                ))),
             })
             .collect()
     };
-    Ok(ModelSignature { inputs: describe(session.inputs())?, outputs: describe(session.outputs())? })
+    Ok(ModelSignature {
+        inputs: describe(session.inputs())?,
+        outputs: describe(session.outputs())?,
+    })
 }
 
 /// How a configured input reaches the session.
@@ -169,7 +190,10 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
         inputs: config
             .input
             .iter()
-            .map(|i| InputPlan { name: i.name.clone(), reshape: i.reshape.as_ref().map(|r| r.shape.clone()) })
+            .map(|i| InputPlan {
+                name: i.name.clone(),
+                reshape: i.reshape.as_ref().map(|r| r.shape.clone()),
+            })
             .collect(),
         outputs: config
             .output
@@ -184,7 +208,12 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
                 "configuration input '{}' is not an input of {} (it has: {})",
                 input.name,
                 path.display(),
-                declared.inputs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                declared
+                    .inputs
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
     }
@@ -200,7 +229,10 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
     for _ in 0..super::instance_count(config) {
         let session = open_session(&path, intra, inter)?;
-        instances.push(Box::new(OnnxInstance { session: Arc::new(Mutex::new(session)), plan: plan.clone() }));
+        instances.push(Box::new(OnnxInstance {
+            session: Arc::new(Mutex::new(session)),
+            plan: plan.clone(),
+        }));
     }
     Ok(instances)
 }
@@ -218,7 +250,11 @@ impl ModelInstance for OnnxInstance {
             .await;
             match joined {
                 Ok(executed) => executed,
-                Err(e) => failed(n, InferError::internal(format!("ONNX Runtime execution panicked: {e}")), ComputeTiming::default()),
+                Err(e) => failed(
+                    n,
+                    InferError::internal(format!("ONNX Runtime execution panicked: {e}")),
+                    ComputeTiming::default(),
+                ),
             }
         }
         .boxed()
@@ -226,7 +262,10 @@ impl ModelInstance for OnnxInstance {
 }
 
 fn failed(n: usize, error: InferError, timing: ComputeTiming) -> Executed {
-    Executed { results: (0..n).map(|_| Err(error.clone())).collect(), timing }
+    Executed {
+        results: (0..n).map(|_| Err(error.clone())).collect(),
+        timing,
+    }
 }
 
 /// Runs one batch: concatenate, run, split.
@@ -236,7 +275,10 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
         .iter()
         .map(|r| {
             if plan.batched {
-                r.inputs.first().and_then(|t| t.shape.first()).map_or(1, |&d| d.max(0) as usize)
+                r.inputs
+                    .first()
+                    .and_then(|t| t.shape.first())
+                    .map_or(1, |&d| d.max(0) as usize)
             } else {
                 1
             }
@@ -245,7 +287,10 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
     let total_rows: usize = rows.iter().sum();
     let mut inputs: Vec<(String, DynValue)> = Vec::with_capacity(plan.inputs.len());
     for input in &plan.inputs {
-        let parts: Vec<&Tensor> = batch.iter().filter_map(|r| r.inputs.iter().find(|t| t.name == input.name)).collect();
+        let parts: Vec<&Tensor> = batch
+            .iter()
+            .filter_map(|r| r.inputs.iter().find(|t| t.name == input.name))
+            .collect();
         if parts.is_empty() {
             continue; // optional input left out by every request of the batch
         }
@@ -258,15 +303,27 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
     let outputs = match session.run(inputs) {
         Ok(o) => o,
         Err(e) => {
-            let timing = ComputeTiming { input: t1 - t0, infer: t1.elapsed(), ..Default::default() };
-            return failed(batch.len(), InferError::internal(format!("ONNX Runtime: {e}")), timing);
+            let timing = ComputeTiming {
+                input: t1 - t0,
+                infer: t1.elapsed(),
+                ..Default::default()
+            };
+            return failed(
+                batch.len(),
+                InferError::internal(format!("ONNX Runtime: {e}")),
+                timing,
+            );
         }
     };
     let t2 = Instant::now();
     let mut per_request: Vec<Vec<Tensor>> = vec![Vec::new(); batch.len()];
     for (name, dims) in &plan.outputs {
         let Some(value) = outputs.get(name.as_str()) else {
-            return failed(batch.len(), InferError::internal(format!("ONNX Runtime produced no output '{name}'")), ComputeTiming::default());
+            return failed(
+                batch.len(),
+                InferError::internal(format!("ONNX Runtime produced no output '{name}'")),
+                ComputeTiming::default(),
+            );
         };
         let tensor = match from_ort(name, value) {
             Ok(t) => t,
@@ -284,14 +341,28 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
     drop(outputs);
     let results: Vec<InferResult> = per_request
         .into_iter()
-        .map(|outputs| Ok(InferResponse { outputs, ..Default::default() }))
+        .map(|outputs| {
+            Ok(InferResponse {
+                outputs,
+                ..Default::default()
+            })
+        })
         .collect();
-    let timing = ComputeTiming { input: t1 - t0, infer: t2 - t1, output: t2.elapsed() };
+    let timing = ComputeTiming {
+        input: t1 - t0,
+        infer: t2 - t1,
+        output: t2.elapsed(),
+    };
     Executed { results, timing }
 }
 
 /// Concatenates one input of every request along the batch dimension.
-fn merge(parts: Vec<&Tensor>, total_rows: usize, batched: bool, reshape: Option<&[i64]>) -> Result<Tensor, InferError> {
+fn merge(
+    parts: Vec<&Tensor>,
+    total_rows: usize,
+    batched: bool,
+    reshape: Option<&[i64]>,
+) -> Result<Tensor, InferError> {
     let first = parts[0];
     let inner: Vec<i64> = match reshape {
         Some(r) => r.to_vec(),
@@ -334,7 +405,12 @@ fn merge(parts: Vec<&Tensor>, total_rows: usize, batched: bool, reshape: Option<
 }
 
 /// Splits an output into per-request tensors of `rows` rows each.
-fn split(tensor: Tensor, rows: &[usize], batched: bool, dims: Option<&[i64]>) -> Result<Vec<Tensor>, InferError> {
+fn split(
+    tensor: Tensor,
+    rows: &[usize],
+    batched: bool,
+    dims: Option<&[i64]>,
+) -> Result<Vec<Tensor>, InferError> {
     if !batched {
         let mut t = tensor;
         if let Some(d) = dims {
@@ -361,7 +437,10 @@ fn split(tensor: Tensor, rows: &[usize], batched: bool, dims: Option<&[i64]>) ->
         s
     };
     if rows.len() == 1 {
-        return Ok(vec![Tensor { shape: shape_of(rows[0]), ..tensor }]);
+        return Ok(vec![Tensor {
+            shape: shape_of(rows[0]),
+            ..tensor
+        }]);
     }
     let mut out = Vec::with_capacity(rows.len());
     let mut start = 0;
@@ -370,14 +449,24 @@ fn split(tensor: Tensor, rows: &[usize], batched: bool, dims: Option<&[i64]>) ->
             let row_bytes = per_row * tensor.datatype.size().unwrap_or(1);
             for &r in rows {
                 let chunk = bytes[start * row_bytes..(start + r) * row_bytes].to_vec();
-                out.push(Tensor::new(tensor.name.clone(), tensor.datatype, shape_of(r), TensorData::Raw(chunk)));
+                out.push(Tensor::new(
+                    tensor.name.clone(),
+                    tensor.datatype,
+                    shape_of(r),
+                    TensorData::Raw(chunk),
+                ));
                 start += r;
             }
         }
         TensorData::Elements(items) => {
             for &r in rows {
                 let chunk = items[start * per_row..(start + r) * per_row].to_vec();
-                out.push(Tensor::new(tensor.name.clone(), tensor.datatype, shape_of(r), TensorData::Elements(chunk)));
+                out.push(Tensor::new(
+                    tensor.name.clone(),
+                    tensor.datatype,
+                    shape_of(r),
+                    TensorData::Elements(chunk),
+                ));
                 start += r;
             }
         }
@@ -396,7 +485,8 @@ macro_rules! numeric_types {
 }
 
 fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
-    let ort_err = |e: ort::Error| InferError::internal(format!("ONNX Runtime input '{}': {e}", tensor.name));
+    let ort_err =
+        |e: ort::Error| InferError::internal(format!("ONNX Runtime input '{}': {e}", tensor.name));
     let shape = tensor.shape.clone();
     macro_rules! convert {
         ($($dt:ident => $t:ty),*) => {
@@ -430,7 +520,9 @@ fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
 fn from_ort(name: &str, value: &DynValue) -> Result<Tensor, InferError> {
     let err = |e: ort::Error| InferError::internal(format!("ONNX Runtime output '{name}': {e}"));
     let ValueType::Tensor { ty, .. } = value.dtype() else {
-        return Err(InferError::internal(format!("output '{name}' is not a tensor")));
+        return Err(InferError::internal(format!(
+            "output '{name}' is not a tensor"
+        )));
     };
     macro_rules! convert {
         ($($dt:ident => $t:ty),*) => {

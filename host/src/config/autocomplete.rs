@@ -25,7 +25,10 @@ pub struct ModelSignature {
 impl ModelSignature {
     /// True when every tensor's first dimension is symbolic, i.e. the model takes a batch.
     fn batchable(&self) -> bool {
-        self.inputs.iter().chain(&self.outputs).all(|t| t.dims.first() == Some(&-1))
+        self.inputs
+            .iter()
+            .chain(&self.outputs)
+            .all(|t| t.dims.first() == Some(&-1))
     }
 }
 
@@ -36,8 +39,9 @@ pub fn autocomplete(config: &mut ModelConfig, signature: &ModelSignature) -> Vec
     if config.max_batch_size == 0 && config.input.is_empty() && signature.batchable() {
         config.max_batch_size = DEFAULT_MAX_BATCH_SIZE;
         if config.scheduling_choice.is_none() {
-            config.scheduling_choice =
-                Some(pb::model_config::SchedulingChoice::DynamicBatching(pb::ModelDynamicBatching::default()));
+            config.scheduling_choice = Some(pb::model_config::SchedulingChoice::DynamicBatching(
+                pb::ModelDynamicBatching::default(),
+            ));
         }
         filled.push("max_batch_size");
     }
@@ -77,8 +81,16 @@ mod tests {
 
     fn sig(dims: Vec<i64>) -> ModelSignature {
         ModelSignature {
-            inputs: vec![TensorSignature { name: "x".into(), datatype: DataType::Fp32, dims: dims.clone() }],
-            outputs: vec![TensorSignature { name: "y".into(), datatype: DataType::Fp32, dims }],
+            inputs: vec![TensorSignature {
+                name: "x".into(),
+                datatype: DataType::Fp32,
+                dims: dims.clone(),
+            }],
+            outputs: vec![TensorSignature {
+                name: "y".into(),
+                datatype: DataType::Fp32,
+                dims,
+            }],
         }
     }
 
@@ -101,8 +113,14 @@ mod tests {
 
     #[test]
     fn explicit_inputs_are_kept() {
-        let mut config = ModelConfig { max_batch_size: 2, ..Default::default() };
-        config.input.push(pb::ModelInput { name: "mine".into(), ..Default::default() });
+        let mut config = ModelConfig {
+            max_batch_size: 2,
+            ..Default::default()
+        };
+        config.input.push(pb::ModelInput {
+            name: "mine".into(),
+            ..Default::default()
+        });
         autocomplete(&mut config, &sig(vec![-1, 16]));
         assert_eq!(config.input[0].name, "mine");
         assert_eq!(config.output[0].dims, vec![16]);

@@ -42,9 +42,17 @@ fn model_config_descriptor() -> prost_reflect::MessageDescriptor {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: cannot read: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}:{line}:{column}: {message}")]
-    Syntax { path: String, line: usize, column: usize, message: String },
+    Syntax {
+        path: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -52,15 +60,21 @@ pub enum ConfigError {
 /// Parses `config.pbtxt` text. `path` only labels errors.
 pub fn parse(text: &str, path: &str) -> Result<ModelConfig, ConfigError> {
     let text = &colon_before_message_lists(text);
-    let message = DynamicMessage::parse_text_format(model_config_descriptor(), text).map_err(|e| {
-        let offset = e
-            .labels()
-            .and_then(|mut labels| labels.next())
-            .map(|label| label.offset())
-            .unwrap_or(0);
-        let (line, column) = line_and_column(text, offset);
-        ConfigError::Syntax { path: path.to_owned(), line, column, message: e.to_string() }
-    })?;
+    let message =
+        DynamicMessage::parse_text_format(model_config_descriptor(), text).map_err(|e| {
+            let offset = e
+                .labels()
+                .and_then(|mut labels| labels.next())
+                .map(|label| label.offset())
+                .unwrap_or(0);
+            let (line, column) = line_and_column(text, offset);
+            ConfigError::Syntax {
+                path: path.to_owned(),
+                line,
+                column,
+                message: e.to_string(),
+            }
+        })?;
     message
         .transcode_to::<ModelConfig>()
         .map_err(|e| ConfigError::Invalid(format!("{path}: {e}")))
@@ -68,8 +82,10 @@ pub fn parse(text: &str, path: &str) -> Result<ModelConfig, ConfigError> {
 
 /// Reads and parses a `config.pbtxt` file.
 pub fn read(path: &Path) -> Result<ModelConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ConfigError::Io { path: path.display().to_string(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
     parse(&text, &path.display().to_string())
 }
 
@@ -262,13 +278,18 @@ mod tests {
         assert_eq!(colon_before_message_lists("input [ { } ]"), "input:[ { } ]");
         assert_eq!(colon_before_message_lists("input[{}]"), "input:[{}]");
         assert_eq!(colon_before_message_lists("dims: [ 1 ]"), "dims: [ 1 ]");
-        assert_eq!(colon_before_message_lists("name: \"a [\" # b [\n"), "name: \"a [\" # b [\n");
+        assert_eq!(
+            colon_before_message_lists("name: \"a [\" # b [\n"),
+            "name: \"a [\" # b [\n"
+        );
     }
 
     #[test]
     fn unknown_field_names_field_and_line() {
         let text = "name: \"m\"\nmax_batch_size: 1\nmax_bach_size: 2\n";
-        let err = parse(text, "m/config.pbtxt").expect_err("must fail").to_string();
+        let err = parse(text, "m/config.pbtxt")
+            .expect_err("must fail")
+            .to_string();
         assert!(err.contains("m/config.pbtxt:3:"), "{err}");
         assert!(err.contains("max_bach_size"), "{err}");
     }

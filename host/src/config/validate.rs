@@ -10,14 +10,22 @@ use crate::tensor::element_count;
 pub fn validate(config: &ModelConfig) -> Result<(), ConfigError> {
     let invalid = |m: String| Err(ConfigError::Invalid(m));
     if config.max_batch_size < 0 {
-        return invalid(format!("max_batch_size must be >= 0, got {}", config.max_batch_size));
+        return invalid(format!(
+            "max_batch_size must be >= 0, got {}",
+            config.max_batch_size
+        ));
     }
     let mut seen = HashSet::new();
     for (kind, name, data_type, dims, reshape) in config
         .input
         .iter()
         .map(|i| ("input", &i.name, i.data_type, &i.dims, i.reshape.as_ref()))
-        .chain(config.output.iter().map(|o| ("output", &o.name, o.data_type, &o.dims, o.reshape.as_ref())))
+        .chain(
+            config
+                .output
+                .iter()
+                .map(|o| ("output", &o.name, o.data_type, &o.dims, o.reshape.as_ref())),
+        )
     {
         if name.is_empty() {
             return invalid(format!("an {kind} has no name"));
@@ -26,10 +34,14 @@ pub fn validate(config: &ModelConfig) -> Result<(), ConfigError> {
             return invalid(format!("{kind} '{name}' is declared twice"));
         }
         if datatype_from_config(data_type).is_none() {
-            return invalid(format!("{kind} '{name}' has an unsupported or missing data_type"));
+            return invalid(format!(
+                "{kind} '{name}' has an unsupported or missing data_type"
+            ));
         }
         if let Some(d) = dims.iter().find(|&&d| d == 0 || d < -1) {
-            return invalid(format!("{kind} '{name}' has invalid dimension {d} (use -1 for variable)"));
+            return invalid(format!(
+                "{kind} '{name}' has invalid dimension {d} (use -1 for variable)"
+            ));
         }
         if let Some(reshape) = reshape
             && !dims.contains(&-1)
@@ -85,7 +97,8 @@ mod tests {
 
     #[test]
     fn rejects_zero_dims_and_duplicates() {
-        let e = check("input { name: \"a\" data_type: TYPE_FP32 dims: [0] }").expect_err("zero dim");
+        let e =
+            check("input { name: \"a\" data_type: TYPE_FP32 dims: [0] }").expect_err("zero dim");
         assert!(e.to_string().contains("invalid dimension 0"));
         let e = check("input { name: \"a\" data_type: TYPE_FP32 dims: [1] } input { name: \"a\" data_type: TYPE_FP32 dims: [1] }").expect_err("dup");
         assert!(e.to_string().contains("declared twice"));

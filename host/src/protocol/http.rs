@@ -20,7 +20,13 @@ use crate::server::Server;
 const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// Extensions this server implements, as `GET /v2` lists them.
-pub const EXTENSIONS: &[&str] = &["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository"];
+pub const EXTENSIONS: &[&str] = &[
+    "classification",
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+];
 
 #[derive(Clone)]
 struct AppState {
@@ -41,15 +47,43 @@ pub fn router(server: Arc<Server>, max_body: usize) -> Router {
         .route("/v2/models/{model}/config", get(model_config))
         .route("/v2/models/{model}/stats", get(model_stats))
         .route("/v2/models/{model}/infer", post(infer))
-        .route("/v2/models/{model}/versions/{version}", get(model_metadata_v))
-        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready_v))
-        .route("/v2/models/{model}/versions/{version}/config", get(model_config_v))
-        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats_v))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(model_metadata_v),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(model_ready_v),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(model_config_v),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/stats",
+            get(model_stats_v),
+        )
         .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
         .fallback(not_found)
         // The infer handler enforces the limit itself, with a KServe error body.
         .layer(DefaultBodyLimit::disable())
         .with_state(AppState { server, max_body })
+}
+
+/// The metrics endpoint, served on `--metrics-port`.
+pub fn metrics_router(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(server)
+}
+
+async fn metrics(State(server): State<Arc<Server>>) -> Response {
+    let mut r = Response::new(Body::from(server.metrics_text()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
 }
 
 /// A KServe v2 error: `{"error": "..."}` with the status the error kind maps to.
@@ -62,19 +96,33 @@ fn json_ok(v: Value) -> Response {
 }
 
 async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, axum::Json(json!({ "error": "Not Found" }))).into_response()
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({ "error": "Not Found" })),
+    )
+        .into_response()
 }
 
 async fn server_metadata() -> Response {
-    json_ok(json!({ "name": "tessera", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }))
+    json_ok(
+        json!({ "name": "tessera", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
+    )
 }
 
 async fn live(State(s): State<AppState>) -> StatusCode {
-    if s.server.live() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+    if s.server.live() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
 }
 
 async fn ready(State(s): State<AppState>) -> StatusCode {
-    if s.server.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+    if s.server.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
 }
 
 fn parse_version(v: &str) -> Result<i64, InferError> {
@@ -95,7 +143,13 @@ fn metadata(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, In
     };
     let versions: Vec<String> = match version {
         Some(v) => vec![v.to_string()],
-        None => s.server.repository.versions(model).iter().map(i64::to_string).collect(),
+        None => s
+            .server
+            .repository
+            .versions(model)
+            .iter()
+            .map(i64::to_string)
+            .collect(),
     };
     let platform = match (m.config.platform.as_str(), m.config.backend.as_str()) {
         ("", backend) => backend.to_owned(),
@@ -114,7 +168,10 @@ async fn model_metadata(State(s): State<AppState>, Path(model): Path<String>) ->
     metadata(&s, &model, None).map_or_else(|e| error_response(&e), json_ok)
 }
 
-async fn model_metadata_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+async fn model_metadata_v(
+    State(s): State<AppState>,
+    Path((model, version)): Path<(String, String)>,
+) -> Response {
     parse_version(&version)
         .and_then(|v| metadata(&s, &model, Some(v)))
         .map_or_else(|e| error_response(&e), json_ok)
@@ -132,7 +189,10 @@ async fn model_ready(State(s): State<AppState>, Path(model): Path<String>) -> Re
     readiness(&s, &model, None)
 }
 
-async fn model_ready_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+async fn model_ready_v(
+    State(s): State<AppState>,
+    Path((model, version)): Path<(String, String)>,
+) -> Response {
     match parse_version(&version) {
         Ok(v) => readiness(&s, &model, Some(v)),
         Err(e) => error_response(&e),
@@ -141,37 +201,52 @@ async fn model_ready_v(State(s): State<AppState>, Path((model, version)): Path<(
 
 fn model_config_json(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, InferError> {
     if !s.server.repository.contains(model, version) {
-        return Err(InferError::not_found(format!("Request for unknown model: '{model}' is not found")));
+        return Err(InferError::not_found(format!(
+            "Request for unknown model: '{model}' is not found"
+        )));
     }
     s.server
         .repository
         .config(model)
         .map(|c| config::to_json(&c))
-        .ok_or_else(|| InferError::unavailable(format!("model '{model}' has no usable configuration")))
+        .ok_or_else(|| {
+            InferError::unavailable(format!("model '{model}' has no usable configuration"))
+        })
 }
 
 async fn model_config(State(s): State<AppState>, Path(model): Path<String>) -> Response {
     model_config_json(&s, &model, None).map_or_else(|e| error_response(&e), json_ok)
 }
 
-async fn model_config_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+async fn model_config_v(
+    State(s): State<AppState>,
+    Path((model, version)): Path<(String, String)>,
+) -> Response {
     parse_version(&version)
         .and_then(|v| model_config_json(&s, &model, Some(v)))
         .map_or_else(|e| error_response(&e), json_ok)
 }
 
-fn stats_json(s: &AppState, model: Option<&str>, version: Option<i64>) -> Result<Value, InferError> {
+fn stats_json(
+    s: &AppState,
+    model: Option<&str>,
+    version: Option<i64>,
+) -> Result<Value, InferError> {
     if let Some(m) = model
         && !s.server.repository.contains(m, version)
     {
-        return Err(InferError::not_found(format!("Request for unknown model: '{m}' is not found")));
+        return Err(InferError::not_found(format!(
+            "Request for unknown model: '{m}' is not found"
+        )));
     }
     let entries: Vec<Value> = s
         .server
         .repository
         .ready_versions()
         .iter()
-        .filter(|m| model.is_none_or(|name| m.name == name) && version.is_none_or(|v| m.version == v))
+        .filter(|m| {
+            model.is_none_or(|name| m.name == name) && version.is_none_or(|v| m.version == v)
+        })
         .map(|m| m.stats.snapshot().to_json(&m.name, &m.version.to_string()))
         .collect();
     Ok(json!({ "model_stats": entries }))
@@ -185,7 +260,10 @@ async fn model_stats(State(s): State<AppState>, Path(model): Path<String>) -> Re
     stats_json(&s, Some(&model), None).map_or_else(|e| error_response(&e), json_ok)
 }
 
-async fn model_stats_v(State(s): State<AppState>, Path((model, version)): Path<(String, String)>) -> Response {
+async fn model_stats_v(
+    State(s): State<AppState>,
+    Path((model, version)): Path<(String, String)>,
+) -> Response {
     parse_version(&version)
         .and_then(|v| stats_json(&s, Some(&model), Some(v)))
         .map_or_else(|e| error_response(&e), json_ok)
@@ -211,7 +289,12 @@ async fn repository_index(State(s): State<AppState>) -> Response {
     json_ok(Value::Array(rows))
 }
 
-async fn infer(State(s): State<AppState>, Path(model): Path<String>, headers: HeaderMap, body: Body) -> Response {
+async fn infer(
+    State(s): State<AppState>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     run_infer(s, model, None, headers, body).await
 }
 
@@ -243,30 +326,51 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
     })
 }
 
-async fn run_infer(s: AppState, model: String, version: Option<i64>, headers: HeaderMap, body: Body) -> Response {
+async fn run_infer(
+    s: AppState,
+    model: String,
+    version: Option<i64>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let body = match read_body(body, s.max_body).await {
         Ok(b) => b,
         Err(response) => return response,
     };
-    let header_length = match headers.get(HEADER_LENGTH).map(|v| v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok())) {
+    let header_length = match headers
+        .get(HEADER_LENGTH)
+        .map(|v| v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()))
+    {
         None => None,
         Some(Some(n)) => Some(n),
         Some(None) => {
-            return error_response(&InferError::invalid("Inference-Header-Content-Length must be a non-negative integer"));
+            return error_response(&InferError::invalid(
+                "Inference-Header-Content-Length must be a non-negative integer",
+            ));
         }
     };
     let request = match decode_request(&body, header_length) {
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
-    let all_binary = matches!(request.parameters.get("binary_data_output"), Some(ParamValue::Bool(true)));
-    let binary_outputs: Vec<(String, bool)> = request.outputs.iter().map(|o| (o.name.clone(), o.binary)).collect();
+    let all_binary = matches!(
+        request.parameters.get("binary_data_output"),
+        Some(ParamValue::Bool(true))
+    );
+    let binary_outputs: Vec<(String, bool)> = request
+        .outputs
+        .iter()
+        .map(|o| (o.name.clone(), o.binary))
+        .collect();
     let response = match s.server.infer(&model, version, request).await {
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
     let binary = |name: &str| {
-        binary_outputs.iter().find(|(n, _)| n == name).map_or(all_binary, |(_, b)| *b)
+        binary_outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(all_binary, |(_, b)| *b)
     };
     match encode_response(&response, binary) {
         Ok(encoded) => {
@@ -278,7 +382,8 @@ async fn run_infer(s: AppState, model: String, version: Option<i64>, headers: He
                 }
                 None => "application/json",
             };
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         }
         Err(e) => error_response(&e),

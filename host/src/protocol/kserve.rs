@@ -55,10 +55,9 @@ fn param_value(v: &Value) -> Option<ParamValue> {
 fn param_u64(params: Option<&Map<String, Value>>, key: &str) -> Result<Option<u64>, InferError> {
     match params.and_then(|p| p.get(key)) {
         None => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .map(Some)
-            .ok_or_else(|| InferError::invalid(format!("parameter '{key}' must be a non-negative integer"))),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            InferError::invalid(format!("parameter '{key}' must be a non-negative integer"))
+        }),
     }
 }
 
@@ -66,12 +65,17 @@ fn param_bool(params: Option<&Map<String, Value>>, key: &str) -> Result<bool, In
     match params.and_then(|p| p.get(key)) {
         None => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(InferError::invalid(format!("parameter '{key}' must be a boolean"))),
+        Some(_) => Err(InferError::invalid(format!(
+            "parameter '{key}' must be a boolean"
+        ))),
     }
 }
 
 /// Decodes a request body. `header_length` is the `Inference-Header-Content-Length` header.
-pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<InferRequest, InferError> {
+pub fn decode_request(
+    body: &[u8],
+    header_length: Option<usize>,
+) -> Result<InferRequest, InferError> {
     let (json, mut binary) = match header_length {
         Some(n) if n > body.len() => {
             return Err(InferError::invalid(format!(
@@ -90,7 +94,9 @@ pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<Infer
         id: parsed.id.unwrap_or_default(),
         priority: u32::try_from(param_u64(params, "priority")?.unwrap_or(0))
             .map_err(|_| InferError::invalid("parameter 'priority' is too large"))?,
-        timeout: param_u64(params, "timeout")?.filter(|&t| t > 0).map(Duration::from_micros),
+        timeout: param_u64(params, "timeout")?
+            .filter(|&t| t > 0)
+            .map(Duration::from_micros),
         ..Default::default()
     };
     if let Some(p) = params {
@@ -102,10 +108,16 @@ pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<Infer
     }
     for input in parsed.inputs {
         let datatype = DataType::from_name(&input.datatype).ok_or_else(|| {
-            InferError::invalid(format!("input '{}' has unknown datatype '{}'", input.name, input.datatype))
+            InferError::invalid(format!(
+                "input '{}' has unknown datatype '{}'",
+                input.name, input.datatype
+            ))
         })?;
         let count = element_count(&input.shape).ok_or_else(|| {
-            InferError::invalid(format!("input '{}' has an invalid shape {:?}", input.name, input.shape))
+            InferError::invalid(format!(
+                "input '{}' has an invalid shape {:?}",
+                input.name, input.shape
+            ))
         })?;
         let data = match param_u64(input.parameters.as_ref(), "binary_data_size")? {
             Some(size) => {
@@ -123,7 +135,10 @@ pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<Infer
             }
             None => {
                 let data = input.data.ok_or_else(|| {
-                    InferError::invalid(format!("input '{}' has neither 'data' nor 'binary_data_size'", input.name))
+                    InferError::invalid(format!(
+                        "input '{}' has neither 'data' nor 'binary_data_size'",
+                        input.name
+                    ))
                 })?;
                 decode_json_data(&input.name, datatype, &data, count)?
             }
@@ -141,16 +156,23 @@ pub fn decode_request(body: &[u8], header_length: Option<usize>) -> Result<Infer
     for output in parsed.outputs.unwrap_or_default() {
         let p = output.parameters.as_ref();
         request.outputs.push(RequestedOutput {
-            binary: param_bool(p, "binary_data")? || all_binary && p.and_then(|p| p.get("binary_data")).is_none(),
+            binary: param_bool(p, "binary_data")?
+                || all_binary && p.and_then(|p| p.get("binary_data")).is_none(),
             // The wire name is "classification" (tritonclient's `class_count` argument).
-            class_count: u32::try_from(param_u64(p, "classification")?.or(param_u64(p, "class_count")?).unwrap_or(0))
-                .map_err(|_| InferError::invalid("class_count is too large"))?,
+            class_count: u32::try_from(
+                param_u64(p, "classification")?
+                    .or(param_u64(p, "class_count")?)
+                    .unwrap_or(0),
+            )
+            .map_err(|_| InferError::invalid("class_count is too large"))?,
             name: output.name,
         });
     }
     if all_binary && request.outputs.is_empty() {
         // "all outputs, binary": resolved against the model's outputs by the caller.
-        request.parameters.insert("binary_data_output".into(), ParamValue::Bool(true));
+        request
+            .parameters
+            .insert("binary_data_output".into(), ParamValue::Bool(true));
     }
     Ok(request)
 }
@@ -165,7 +187,9 @@ fn decode_binary(name: &str, datatype: DataType, bytes: &[u8]) -> Result<TensorD
     let mut rest = bytes;
     while !rest.is_empty() {
         if rest.len() < 4 {
-            return Err(InferError::invalid(format!("input '{name}': truncated BYTES element length")));
+            return Err(InferError::invalid(format!(
+                "input '{name}': truncated BYTES element length"
+            )));
         }
         let (len, tail) = rest.split_at(4);
         let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
@@ -190,7 +214,12 @@ fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>) {
     }
 }
 
-fn decode_json_data(name: &str, datatype: DataType, data: &Value, count: usize) -> Result<TensorData, InferError> {
+fn decode_json_data(
+    name: &str,
+    datatype: DataType,
+    data: &Value,
+    count: usize,
+) -> Result<TensorData, InferError> {
     let mut flat = Vec::with_capacity(count);
     flatten(data, &mut flat);
     if flat.len() != count {
@@ -199,7 +228,11 @@ fn decode_json_data(name: &str, datatype: DataType, data: &Value, count: usize) 
             flat.len()
         )));
     }
-    let bad = |v: &Value| InferError::invalid(format!("input '{name}': {v} is not a valid {datatype} value"));
+    let bad = |v: &Value| {
+        InferError::invalid(format!(
+            "input '{name}': {v} is not a valid {datatype} value"
+        ))
+    };
     macro_rules! ints {
         ($t:ty) => {{
             let mut bytes = Vec::with_capacity(count * std::mem::size_of::<$t>());
@@ -230,13 +263,21 @@ fn decode_json_data(name: &str, datatype: DataType, data: &Value, count: usize) 
         DataType::Int64 => ints!(i64),
         DataType::Fp16 => TensorData::Raw(
             flat.iter()
-                .map(|v| v.as_f64().map(|f| half::f16::from_f64(f).to_le_bytes()).ok_or_else(|| bad(v)))
+                .map(|v| {
+                    v.as_f64()
+                        .map(|f| half::f16::from_f64(f).to_le_bytes())
+                        .ok_or_else(|| bad(v))
+                })
                 .collect::<Result<Vec<_>, _>>()?
                 .concat(),
         ),
         DataType::Fp32 => TensorData::Raw(
             flat.iter()
-                .map(|v| v.as_f64().map(|f| (f as f32).to_le_bytes()).ok_or_else(|| bad(v)))
+                .map(|v| {
+                    v.as_f64()
+                        .map(|f| (f as f32).to_le_bytes())
+                        .ok_or_else(|| bad(v))
+                })
                 .collect::<Result<Vec<_>, _>>()?
                 .concat(),
         ),
@@ -248,7 +289,11 @@ fn decode_json_data(name: &str, datatype: DataType, data: &Value, count: usize) 
         ),
         DataType::Bytes => TensorData::Elements(
             flat.iter()
-                .map(|v| v.as_str().map(|s| s.as_bytes().to_vec()).ok_or_else(|| bad(v)))
+                .map(|v| {
+                    v.as_str()
+                        .map(|s| s.as_bytes().to_vec())
+                        .ok_or_else(|| bad(v))
+                })
                 .collect::<Result<_, _>>()?,
         ),
     })
@@ -343,7 +388,10 @@ impl serde::Serialize for OutputEntry<'_> {
         map.serialize_entry("datatype", self.tensor.datatype.name())?;
         map.serialize_entry("shape", &self.tensor.shape)?;
         match self.binary_size {
-            Some(size) => map.serialize_entry("parameters", &serde_json::json!({ "binary_data_size": size }))?,
+            Some(size) => map.serialize_entry(
+                "parameters",
+                &serde_json::json!({ "binary_data_size": size }),
+            )?,
             None => map.serialize_entry("data", &JsonData(self.tensor))?,
         }
         map.end()
@@ -372,7 +420,10 @@ pub struct EncodedResponse {
 }
 
 /// Encodes a response. `binary` says, per output name, whether it goes as binary data.
-pub fn encode_response(response: &InferResponse, binary: impl Fn(&str) -> bool) -> Result<EncodedResponse, InferError> {
+pub fn encode_response(
+    response: &InferResponse,
+    binary: impl Fn(&str) -> bool,
+) -> Result<EncodedResponse, InferError> {
     let mut payloads = Vec::new();
     let entries: Vec<OutputEntry> = response
         .outputs
@@ -380,22 +431,37 @@ pub fn encode_response(response: &InferResponse, binary: impl Fn(&str) -> bool) 
         .map(|t| {
             if binary(&t.name) {
                 let payload = binary_payload(t);
-                let entry = OutputEntry { tensor: t, binary_size: Some(payload.len()) };
+                let entry = OutputEntry {
+                    tensor: t,
+                    binary_size: Some(payload.len()),
+                };
                 payloads.push(payload);
                 entry
             } else {
-                OutputEntry { tensor: t, binary_size: None }
+                OutputEntry {
+                    tensor: t,
+                    binary_size: None,
+                }
             }
         })
         .collect();
     let mut map = Map::new();
-    map.insert("model_name".into(), Value::from(response.model_name.clone()));
-    map.insert("model_version".into(), Value::from(response.model_version.clone()));
+    map.insert(
+        "model_name".into(),
+        Value::from(response.model_name.clone()),
+    );
+    map.insert(
+        "model_version".into(),
+        Value::from(response.model_version.clone()),
+    );
     if !response.id.is_empty() {
         map.insert("id".into(), Value::from(response.id.clone()));
     }
     if !response.parameters.is_empty() {
-        map.insert("parameters".into(), Value::Object(params_json(&response.parameters)));
+        map.insert(
+            "parameters".into(),
+            Value::Object(params_json(&response.parameters)),
+        );
     }
     // Header fields first, then the outputs streamed without an intermediate Value.
     let mut body = serde_json::to_vec(&map).map_err(|e| InferError::internal(e.to_string()))?;
@@ -407,13 +473,19 @@ pub fn encode_response(response: &InferResponse, binary: impl Fn(&str) -> bool) 
     serde_json::to_writer(&mut body, &entries).map_err(|e| InferError::invalid(e.to_string()))?;
     body.push(b'}');
     if payloads.is_empty() {
-        return Ok(EncodedResponse { body, header_length: None });
+        return Ok(EncodedResponse {
+            body,
+            header_length: None,
+        });
     }
     let header_length = body.len();
     for p in payloads {
         body.extend_from_slice(&p);
     }
-    Ok(EncodedResponse { body, header_length: Some(header_length) })
+    Ok(EncodedResponse {
+        body,
+        header_length: Some(header_length),
+    })
 }
 
 #[cfg(test)]
@@ -422,7 +494,8 @@ mod tests {
 
     #[test]
     fn nested_json_data_is_flattened() {
-        let body = br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,4]]}]}"#;
+        let body =
+            br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,4]]}]}"#;
         let r = decode_request(body, None).expect("decodes");
         assert_eq!(r.inputs[0].to_f64_vec(), Some(vec![1.0, 2.0, 3.0, 4.0]));
     }
@@ -435,16 +508,28 @@ mod tests {
         body.extend_from_slice(b"abc");
         body.extend_from_slice(&0u32.to_le_bytes());
         let r = decode_request(&body, Some(header.len())).expect("decodes");
-        assert_eq!(r.inputs[0].data, TensorData::Elements(vec![b"abc".to_vec(), Vec::new()]));
+        assert_eq!(
+            r.inputs[0].data,
+            TensorData::Elements(vec![b"abc".to_vec(), Vec::new()])
+        );
     }
 
     #[test]
     fn truncated_and_mismatched_bodies_are_rejected() {
         assert!(decode_request(b"{}", Some(10)).is_err());
-        let e = decode_request(br#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#, None)
-            .expect_err("count mismatch");
+        let e = decode_request(
+            br#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#,
+            None,
+        )
+        .expect_err("count mismatch");
         assert!(e.message.contains("3 elements"));
-        assert!(decode_request(br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]}"#, None).is_err());
+        assert!(
+            decode_request(
+                br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]}"#,
+                None
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -453,7 +538,10 @@ mod tests {
             model_name: "m".into(),
             model_version: "1".into(),
             id: "7".into(),
-            outputs: vec![Tensor::from_f32("a", vec![2], &[0.5, 1.0]), Tensor::from_f32("b", vec![1], &[2.0])],
+            outputs: vec![
+                Tensor::from_f32("a", vec![2], &[0.5, 1.0]),
+                Tensor::from_f32("b", vec![1], &[2.0]),
+            ],
             ..Default::default()
         };
         let encoded = encode_response(&response, |n| n == "b").expect("encodes");

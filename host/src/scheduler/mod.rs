@@ -9,6 +9,7 @@
 
 mod policy;
 mod queue;
+pub mod rate_limit;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,11 +17,18 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::ModelInstance;
-use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
+use crate::infer::{InferError, InferRequest, InferResult};
 use crate::metrics::ModelStats;
 
 pub use policy::{BatchPolicy, QueuePolicy, TimeoutAction};
 use queue::{Pending, Queue};
+use rate_limit::{RateLimiter, Requirement};
+
+/// An instance and the rate-limiter resources it needs to execute.
+pub struct Executor {
+    pub instance: Box<dyn ModelInstance>,
+    pub resources: Requirement,
+}
 
 /// Handle to a model version's queue. Dropping it stops the batcher once the queue drains.
 pub struct Scheduler {
@@ -32,8 +40,9 @@ impl Scheduler {
     /// Starts the batcher for `instances`, recording into `stats`.
     pub fn start(
         policy: BatchPolicy,
-        instances: Vec<Box<dyn ModelInstance>>,
+        instances: Vec<Executor>,
         stats: Arc<ModelStats>,
+        limiter: Arc<RateLimiter>,
     ) -> Scheduler {
         let queue = Arc::new(Queue::new(policy.priority_levels()));
         let policy = Arc::new(policy);
@@ -42,7 +51,14 @@ impl Scheduler {
             // The receiver is alive: it is moved into the batcher below.
             let _ = idle_tx.send(instance);
         }
-        tokio::spawn(batcher(queue.clone(), policy.clone(), idle_tx, idle_rx, stats));
+        tokio::spawn(batcher(
+            queue.clone(),
+            policy.clone(),
+            idle_tx,
+            idle_rx,
+            stats,
+            limiter,
+        ));
         Scheduler { queue, policy }
     }
 
@@ -52,8 +68,10 @@ impl Scheduler {
         let queue_policy = self.policy.queue_policy(level);
         let now = Instant::now();
         let deadline = queue_policy.deadline(now, request.timeout);
-        let (reply, rx) = oneshot::channel();
+        let (reply, mut rx) = oneshot::channel();
+        let claim = queue::Claim::default();
         let pending = Pending {
+            claim: claim.clone(),
             rows: self.policy.rows_of(&request),
             shape_key: self.policy.shape_key(&request),
             request,
@@ -62,21 +80,22 @@ impl Scheduler {
             deadline,
             timeout_action: queue_policy.timeout_action,
         };
-        self.queue.push(level, pending, queue_policy.max_queue_size)?;
+        self.queue
+            .push(level, pending, queue_policy.max_queue_size)?;
         let closed = || InferError::internal("the model was unloaded before the request ran");
-        match (deadline, queue_policy.timeout_action) {
-            (Some(deadline), TimeoutAction::Reject) => {
-                match tokio::time::timeout_at(deadline.into(), rx).await {
-                    Ok(result) => result.unwrap_or_else(|_| Err(closed())),
-                    // The abandoned entry is skipped when a batch is formed (its receiver is gone).
-                    Err(_) => Err(InferError::new(
-                        ErrorKind::Timeout,
-                        "Request timeout expired",
-                    )),
+        if let (Some(deadline), TimeoutAction::Reject) = (deadline, queue_policy.timeout_action) {
+            tokio::select! {
+                result = &mut rx => return result.unwrap_or_else(|_| Err(closed())),
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    // Still queued: give up (the batcher will skip it). Already running: the
+                    // queue timeout no longer applies; wait for the answer.
+                    if claim.cancel() {
+                        return Err(queue::timeout_error());
+                    }
                 }
             }
-            _ => rx.await.unwrap_or_else(|_| Err(closed())),
         }
+        rx.await.unwrap_or_else(|_| Err(closed()))
     }
 
     /// Requests waiting in the queue.
@@ -94,15 +113,20 @@ impl Drop for Scheduler {
 async fn batcher(
     queue: Arc<Queue>,
     policy: Arc<BatchPolicy>,
-    idle_tx: mpsc::UnboundedSender<Box<dyn ModelInstance>>,
-    mut idle_rx: mpsc::UnboundedReceiver<Box<dyn ModelInstance>>,
+    idle_tx: mpsc::UnboundedSender<Executor>,
+    mut idle_rx: mpsc::UnboundedReceiver<Executor>,
     stats: Arc<ModelStats>,
+    limiter: Arc<RateLimiter>,
 ) {
     let ordering = Arc::new(queue::Sequencer::default());
     let mut sequence = 0u64;
     loop {
-        let Some(instance) = idle_rx.recv().await else { break };
-        let Some(batch) = queue.next_batch(&policy).await else { break };
+        let Some(instance) = idle_rx.recv().await else {
+            break;
+        };
+        let Some(batch) = queue.next_batch(&policy).await else {
+            break;
+        };
         let ticket = policy.preserve_ordering().then(|| {
             sequence += 1;
             sequence
@@ -112,6 +136,7 @@ async fn batcher(
             batch,
             idle_tx.clone(),
             stats.clone(),
+            limiter.clone(),
             ticket.map(|t| (t, ordering.clone())),
         ));
     }
@@ -119,12 +144,14 @@ async fn batcher(
 
 /// Executes one batch on one instance, answers its callers and returns the instance.
 async fn run_batch(
-    mut instance: Box<dyn ModelInstance>,
+    mut executor: Executor,
     batch: Vec<Pending>,
-    idle: mpsc::UnboundedSender<Box<dyn ModelInstance>>,
+    idle: mpsc::UnboundedSender<Executor>,
     stats: Arc<ModelStats>,
+    limiter: Arc<RateLimiter>,
     ordering: Option<(u64, Arc<queue::Sequencer>)>,
 ) {
+    let permit = limiter.acquire(&executor.resources).await;
     let started = Instant::now();
     let mut requests = Vec::with_capacity(batch.len());
     let mut waiters = Vec::with_capacity(batch.len());
@@ -136,8 +163,9 @@ async fn run_batch(
         waiters.push(pending.reply);
     }
     let expected = requests.len();
-    let executed = instance.execute(requests).await;
-    let _ = idle.send(instance);
+    let executed = executor.instance.execute(requests).await;
+    drop(permit);
+    let _ = idle.send(executor);
     stats.record_execution(rows, executed.timing);
 
     let mut results = executed.results;
@@ -146,7 +174,9 @@ async fn run_batch(
             "the backend returned {} responses for {expected} requests",
             results.len()
         );
-        results = (0..expected).map(|_| Err(InferError::internal(message.clone()))).collect();
+        results = (0..expected)
+            .map(|_| Err(InferError::internal(message.clone())))
+            .collect();
     }
     let answers: Vec<_> = waiters.into_iter().zip(results).collect();
     match ordering {

@@ -39,7 +39,9 @@ impl Default for QueuePolicy {
 impl QueuePolicy {
     fn from_config(p: &pb::ModelQueuePolicy) -> QueuePolicy {
         QueuePolicy {
-            timeout_action: if p.timeout_action == pb::model_queue_policy::TimeoutAction::Delay as i32 {
+            timeout_action: if p.timeout_action
+                == pb::model_queue_policy::TimeoutAction::Delay as i32
+            {
                 TimeoutAction::Delay
             } else {
                 TimeoutAction::Reject
@@ -91,32 +93,36 @@ pub struct DynamicBatching {
 
 impl BatchPolicy {
     pub fn from_config(config: &ModelConfig) -> BatchPolicy {
-        let dynamic = crate::config::dynamic_batching(config).filter(|_| config.max_batch_size > 0).map(|d| {
-            let levels = usize::try_from(d.priority_levels).unwrap_or(0).max(1);
-            DynamicBatching {
-                preferred_batch_sizes: d
-                    .preferred_batch_size
-                    .iter()
-                    .filter_map(|&p| usize::try_from(p).ok())
-                    .collect(),
-                max_queue_delay: Duration::from_micros(d.max_queue_delay_microseconds),
-                preserve_ordering: d.preserve_ordering,
-                priority_levels: levels,
-                default_priority_level: usize::try_from(d.default_priority_level)
-                    .unwrap_or(0)
-                    .clamp(1, levels),
-                default_queue_policy: d
-                    .default_queue_policy
-                    .as_ref()
-                    .map(QueuePolicy::from_config)
-                    .unwrap_or_default(),
-                priority_queue_policy: d
-                    .priority_queue_policy
-                    .iter()
-                    .filter_map(|(&k, v)| Some((usize::try_from(k).ok()?, QueuePolicy::from_config(v))))
-                    .collect(),
-            }
-        });
+        let dynamic = crate::config::dynamic_batching(config)
+            .filter(|_| config.max_batch_size > 0)
+            .map(|d| {
+                let levels = usize::try_from(d.priority_levels).unwrap_or(0).max(1);
+                DynamicBatching {
+                    preferred_batch_sizes: d
+                        .preferred_batch_size
+                        .iter()
+                        .filter_map(|&p| usize::try_from(p).ok())
+                        .collect(),
+                    max_queue_delay: Duration::from_micros(d.max_queue_delay_microseconds),
+                    preserve_ordering: d.preserve_ordering,
+                    priority_levels: levels,
+                    default_priority_level: usize::try_from(d.default_priority_level)
+                        .unwrap_or(0)
+                        .clamp(1, levels),
+                    default_queue_policy: d
+                        .default_queue_policy
+                        .as_ref()
+                        .map(QueuePolicy::from_config)
+                        .unwrap_or_default(),
+                    priority_queue_policy: d
+                        .priority_queue_policy
+                        .iter()
+                        .filter_map(|(&k, v)| {
+                            Some((usize::try_from(k).ok()?, QueuePolicy::from_config(v)))
+                        })
+                        .collect(),
+                }
+            });
         BatchPolicy {
             max_batch_size: usize::try_from(config.max_batch_size).unwrap_or(0),
             dynamic,

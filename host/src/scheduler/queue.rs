@@ -1,7 +1,8 @@
 //! The queue of a model version: one FIFO per priority level, and batch formation.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::{Notify, oneshot};
@@ -9,8 +10,34 @@ use tokio::sync::{Notify, oneshot};
 use super::policy::{BatchPolicy, TimeoutAction};
 use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
 
+/// Where a queued request stands; the batcher and a timed-out caller race to change it once.
+#[derive(Clone, Default)]
+pub struct Claim(Arc<AtomicU8>);
+
+const QUEUED: u8 = 0;
+const DISPATCHED: u8 = 1;
+const CANCELLED: u8 = 2;
+
+impl Claim {
+    /// The batcher takes the request; false if its caller gave up first.
+    fn dispatch(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, DISPATCHED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The caller gives up waiting; false if the request already runs (the queue timeout no
+    /// longer applies then, as in Triton).
+    pub fn cancel(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
 /// A queued request and the caller waiting for it.
 pub struct Pending {
+    pub claim: Claim,
     pub request: InferRequest,
     pub reply: oneshot::Sender<InferResult>,
     pub enqueued: Instant,
@@ -23,7 +50,7 @@ pub struct Pending {
 impl Pending {
     /// The caller stopped waiting (its queue timeout fired, or it went away).
     fn abandoned(&self) -> bool {
-        self.reply.is_closed()
+        self.reply.is_closed() || self.claim.0.load(Ordering::Acquire) == CANCELLED
     }
 
     fn expired(&self, now: Instant) -> bool {
@@ -54,7 +81,9 @@ impl Queue {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock leaves plain data behind; keep serving.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Adds a request at `level`, refusing it when that level holds `max_size` already.
@@ -103,7 +132,13 @@ impl Queue {
             return Some(vec![first]);
         };
         let max_rows = policy.max_batch_size.max(1);
-        let target = dynamic.preferred_batch_sizes.iter().copied().max().unwrap_or(max_rows).min(max_rows);
+        let target = dynamic
+            .preferred_batch_sizes
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(max_rows)
+            .min(max_rows);
         let flush_at = first.enqueued + dynamic.max_queue_delay;
         let mut rows = first.rows;
         let mut batch = vec![first];
@@ -125,6 +160,10 @@ impl Queue {
     }
 }
 
+pub fn timeout_error() -> InferError {
+    InferError::new(ErrorKind::Timeout, "Request timeout expired")
+}
+
 /// Pops the oldest live request of the highest priority, failing expired ones on the way.
 fn pop_live(state: &mut State) -> Option<Pending> {
     let now = Instant::now();
@@ -134,10 +173,14 @@ fn pop_live(state: &mut State) -> Option<Pending> {
                 continue;
             }
             if p.expired(now) {
-                let _ = p.reply.send(Err(InferError::new(ErrorKind::Timeout, "Request timeout expired")));
+                if p.claim.cancel() {
+                    let _ = p.reply.send(Err(timeout_error()));
+                }
                 continue;
             }
-            return Some(p);
+            if p.claim.dispatch() {
+                return Some(p);
+            }
         }
     }
     None
@@ -146,22 +189,29 @@ fn pop_live(state: &mut State) -> Option<Pending> {
 /// Moves queued requests that fit into the batch, in priority then arrival order. Returns true
 /// when the head of the queue cannot join this batch (different shapes or too many rows), so the
 /// batch should go now rather than wait.
-fn take_compatible(state: &mut State, batch: &mut Vec<Pending>, rows: &mut usize, max_rows: usize) -> bool {
+fn take_compatible(
+    state: &mut State,
+    batch: &mut Vec<Pending>,
+    rows: &mut usize,
+    max_rows: usize,
+) -> bool {
     let now = Instant::now();
     for level in &mut state.levels {
         while let Some(p) = level.front() {
             if p.abandoned() || p.expired(now) {
                 if let Some(p) = level.pop_front()
-                    && !p.abandoned()
+                    && p.claim.cancel()
                 {
-                    let _ = p.reply.send(Err(InferError::new(ErrorKind::Timeout, "Request timeout expired")));
+                    let _ = p.reply.send(Err(timeout_error()));
                 }
                 continue;
             }
             if p.shape_key != batch[0].shape_key || *rows + p.rows > max_rows {
                 return true;
             }
-            if let Some(p) = level.pop_front() {
+            if let Some(p) = level.pop_front()
+                && p.claim.dispatch()
+            {
                 *rows += p.rows;
                 batch.push(p);
             }
@@ -170,21 +220,27 @@ fn take_compatible(state: &mut State, batch: &mut Vec<Pending>, rows: &mut usize
     false
 }
 
+/// A caller and the answer for it.
+pub type Answer = (oneshot::Sender<InferResult>, InferResult);
+
 /// Releases answers in the order their batches were formed (`preserve_ordering`).
 #[derive(Default)]
 pub struct Sequencer {
-    state: Mutex<(u64, BTreeMap<u64, Vec<(oneshot::Sender<InferResult>, InferResult)>>)>,
+    /// The last ticket released, and the batches that finished ahead of their turn.
+    state: Mutex<(u64, BTreeMap<u64, Vec<Answer>>)>,
 }
 
 impl Sequencer {
     /// Stores the answers of batch `ticket` (tickets start at 1) and sends every batch that is
     /// now next in line.
-    pub fn release(&self, ticket: u64, answers: Vec<(oneshot::Sender<InferResult>, InferResult)>) {
+    pub fn release(&self, ticket: u64, answers: Vec<Answer>) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.1.insert(ticket, answers);
         loop {
             let next = state.0 + 1;
-            let Some(ready) = state.1.remove(&next) else { break };
+            let Some(ready) = state.1.remove(&next) else {
+                break;
+            };
             state.0 = next;
             for (reply, result) in ready {
                 let _ = reply.send(result);

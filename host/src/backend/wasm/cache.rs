@@ -45,20 +45,21 @@ pub fn load_or_compile(
                 tracing::info!(model, path = %path.display(), "compiled-code cache hit");
                 return Ok(component);
             }
-            Err(e) => tracing::warn!(model, path = %path.display(), "ignoring unusable cache entry: {e:#}"),
+            Err(e) => {
+                tracing::warn!(model, path = %path.display(), "ignoring unusable cache entry: {e:#}")
+            }
         }
     }
     Counters::bump(&counters.compile_cache_misses);
     let component = compile()?;
     tracing::info!(model, path = %path.display(), "compiled-code cache miss: compiled and stored");
-    let stored = std::fs::create_dir_all(dir)
-        .and_then(|()| {
-            let bytes = component.serialize().map_err(std::io::Error::other)?;
-            // Write then rename, so a crash never leaves a truncated entry behind.
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, bytes)?;
-            std::fs::rename(&tmp, &path)
-        });
+    let stored = std::fs::create_dir_all(dir).and_then(|()| {
+        let bytes = component.serialize().map_err(std::io::Error::other)?;
+        // Write then rename, so a crash never leaves a truncated entry behind.
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &path)
+    });
     if let Err(e) = stored {
         tracing::warn!(model, dir = %dir.display(), "cannot store compiled component: {e}");
     }

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::tessera::inference::types as wit;
-use crate::infer::{ErrorKind, InferError, InferRequest, InferResponse, InferResult, ParamValue, RequestedOutput};
+use crate::infer::{
+    ErrorKind, InferError, InferRequest, InferResponse, InferResult, ParamValue, RequestedOutput,
+};
 use crate::tensor::{DataType, Tensor, TensorData};
 
 fn datatype_to_wit(d: DataType) -> wit::Datatype {
@@ -128,7 +130,10 @@ pub fn request_from_wit(r: wit::Request) -> Result<InferRequest, InferError> {
         outputs: r
             .requested_outputs
             .into_iter()
-            .map(|name| RequestedOutput { name, ..Default::default() })
+            .map(|name| RequestedOutput {
+                name,
+                ..Default::default()
+            })
             .collect(),
         parameters,
         priority,
@@ -143,20 +148,31 @@ pub fn response_from_wit(r: wit::Response, max_output_bytes: usize) -> InferResu
         .into_iter()
         .map(tensor_from_wit)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| InferError::internal(format!("the handler returned an inconsistent tensor: {e}")))?;
+        .map_err(|e| {
+            InferError::internal(format!("the handler returned an inconsistent tensor: {e}"))
+        })?;
     let total: usize = outputs.iter().map(Tensor::byte_size).sum();
     if total > max_output_bytes {
         return Err(InferError::new(
             ErrorKind::ResourceExhausted,
-            format!("the handler's response holds {total} bytes of outputs, over the max_output_bytes limit of {max_output_bytes}"),
+            format!(
+                "the handler's response holds {total} bytes of outputs, over the max_output_bytes limit of {max_output_bytes}"
+            ),
         ));
     }
-    Ok(InferResponse { outputs, parameters: params_from_wit(r.parameters), ..Default::default() })
+    Ok(InferResponse {
+        outputs,
+        parameters: params_from_wit(r.parameters),
+        ..Default::default()
+    })
 }
 
 /// A response handed back to a handler's `infer` call.
 pub fn response_to_wit(r: &InferResponse) -> wit::Response {
-    wit::Response { outputs: r.outputs.iter().map(tensor_to_wit).collect(), parameters: params_to_wit(&r.parameters) }
+    wit::Response {
+        outputs: r.outputs.iter().map(tensor_to_wit).collect(),
+        parameters: params_to_wit(&r.parameters),
+    }
 }
 
 pub fn error_from_wit(e: wit::Error) -> InferError {
@@ -180,7 +196,10 @@ pub fn error_to_wit(e: InferError) -> wit::Error {
         ErrorKind::Timeout => wit::ErrorKind::Timeout,
         ErrorKind::Internal => wit::ErrorKind::Internal,
     };
-    wit::Error { kind, message: e.message }
+    wit::Error {
+        kind,
+        message: e.message,
+    }
 }
 
 /// Model metadata for a handler's `model-metadata` call.
@@ -194,7 +213,11 @@ pub fn metadata_to_wit(m: &crate::model::ModelVersion, versions: Vec<i64>) -> wi
     wit::ModelMetadata {
         name: m.name.clone(),
         versions: versions.iter().map(i64::to_string).collect(),
-        platform: if m.config.platform.is_empty() { m.config.backend.clone() } else { m.config.platform.clone() },
+        platform: if m.config.platform.is_empty() {
+            m.config.backend.clone()
+        } else {
+            m.config.platform.clone()
+        },
         inputs: m.signature.inputs.iter().map(spec).collect(),
         outputs: m.signature.outputs.iter().map(spec).collect(),
     }

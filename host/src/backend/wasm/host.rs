@@ -42,21 +42,34 @@ impl WasmModel {
         // looping guest never holds a worker thread for longer than a tick.
         store.epoch_deadline_async_yield_and_update(1);
         store.set_epoch_deadline(1);
-        store.set_fuel(self.limits.fuel_per_execute).map_err(|e| e.to_string())?;
+        store
+            .set_fuel(self.limits.fuel_per_execute)
+            .map_err(|e| e.to_string())?;
         let bindings = self
             .pre
             .instantiate_async(&mut store)
             .await
             .map_err(|e| format!("cannot instantiate handler '{}': {e:#}", self.name))?;
         Counters::bump(&self.counters.instantiations);
-        let init = bindings.tessera_inference_handler().call_initialize(&mut store, &self.config_json);
+        let init = bindings
+            .tessera_inference_handler()
+            .call_initialize(&mut store, &self.config_json);
         let outcome = tokio::time::timeout(self.limits.execute_deadline, init).await;
         store.data_mut().flush_output(&self.name, self.version);
         match outcome {
             Ok(Ok(Ok(()))) => Ok(Live { store, bindings }),
-            Ok(Ok(Err(message))) => Err(format!("handler '{}' initialize failed: {message}", self.name)),
-            Ok(Err(trap)) => Err(format!("handler '{}' trapped in initialize: {trap:#}", self.name)),
-            Err(_) => Err(format!("handler '{}' initialize exceeded its deadline", self.name)),
+            Ok(Ok(Err(message))) => Err(format!(
+                "handler '{}' initialize failed: {message}",
+                self.name
+            )),
+            Ok(Err(trap)) => Err(format!(
+                "handler '{}' trapped in initialize: {trap:#}",
+                self.name
+            )),
+            Err(_) => Err(format!(
+                "handler '{}' initialize exceeded its deadline",
+                self.name
+            )),
         }
     }
 
@@ -78,12 +91,21 @@ impl WasmModel {
             Counters::bump(&self.counters.fuel_kills);
             return InferError::new(
                 ErrorKind::ResourceExhausted,
-                format!("handler '{name}' ran out of fuel ({} per execute) and was stopped", self.limits.fuel_per_execute),
+                format!(
+                    "handler '{name}' ran out of fuel ({} per execute) and was stopped",
+                    self.limits.fuel_per_execute
+                ),
             );
         }
         let detail = host.last_stderr.trim();
-        let detail = if detail.is_empty() { String::new() } else { format!("; stderr: {detail}") };
-        let trap_text = trap.downcast_ref::<wasmtime::Trap>().map_or_else(|| format!("{trap}"), |t| t.to_string());
+        let detail = if detail.is_empty() {
+            String::new()
+        } else {
+            format!("; stderr: {detail}")
+        };
+        let trap_text = trap
+            .downcast_ref::<wasmtime::Trap>()
+            .map_or_else(|| format!("{trap}"), |t| t.to_string());
         InferError::internal(format!("handler '{name}' trapped: {trap_text}{detail}"))
     }
 }
@@ -97,7 +119,10 @@ pub struct OutputSink {
 
 impl OutputSink {
     fn new(capacity: usize) -> Self {
-        OutputSink { state: Arc::default(), capacity }
+        OutputSink {
+            state: Arc::default(),
+            capacity,
+        }
     }
 
     /// Takes what was written and how many bytes were dropped.
@@ -120,7 +145,11 @@ impl StdoutStream for OutputSink {
 }
 
 impl AsyncWrite for OutputSink {
-    fn poll_write(self: Pin<&mut Self>, _cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let room = self.capacity.saturating_sub(state.0.len());
         let kept = room.min(buf.len());
@@ -211,7 +240,13 @@ impl HostState {
                 tracing::info!(model, version, stream, "guest: {line}");
             }
             if dropped > 0 {
-                tracing::warn!(model, version, stream, dropped, "guest output over max_log_bytes was dropped");
+                tracing::warn!(
+                    model,
+                    version,
+                    stream,
+                    dropped,
+                    "guest output over max_log_bytes was dropped"
+                );
             }
             if stream == "stderr" {
                 let tail: Vec<&str> = text.lines().rev().take(3).collect();
@@ -223,7 +258,10 @@ impl HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -239,7 +277,9 @@ impl inference::Host for HostState {
         let span = tracing::debug_span!("bls_infer", caller = %self.model, target = %model);
         let _enter = span.enter();
         let Some(server) = self.server.upgrade() else {
-            return Err(convert::error_to_wit(InferError::unavailable("the server is shutting down")));
+            return Err(convert::error_to_wit(InferError::unavailable(
+                "the server is shutting down",
+            )));
         };
         let mut request = convert::request_from_wit(request).map_err(convert::error_to_wit)?;
         request.call_chain = self.chain.clone();
@@ -250,12 +290,24 @@ impl inference::Host for HostState {
         }
     }
 
-    async fn model_metadata(&mut self, model: String, version: Option<i64>) -> Result<types::ModelMetadata, types::Error> {
+    async fn model_metadata(
+        &mut self,
+        model: String,
+        version: Option<i64>,
+    ) -> Result<types::ModelMetadata, types::Error> {
         let Some(server) = self.server.upgrade() else {
-            return Err(convert::error_to_wit(InferError::unavailable("the server is shutting down")));
+            return Err(convert::error_to_wit(InferError::unavailable(
+                "the server is shutting down",
+            )));
         };
-        let found = server.repository.ready_model(&model, version).map_err(convert::error_to_wit)?;
-        Ok(convert::metadata_to_wit(&found, server.repository.versions(&model)))
+        let found = server
+            .repository
+            .ready_model(&model, version)
+            .map_err(convert::error_to_wit)?;
+        Ok(convert::metadata_to_wit(
+            &found,
+            server.repository.versions(&model),
+        ))
     }
 }
 

@@ -52,14 +52,19 @@ impl Limits {
                         .parse::<u64>()
                         .ok()
                         .filter(|&n| n > 0)
-                        .ok_or_else(|| format!("parameter {key} must be a positive integer, got '{v}'"))
+                        .ok_or_else(|| {
+                            format!("parameter {key} must be a positive integer, got '{v}'")
+                        })
                 })
                 .transpose()
         };
         let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         if let Some(n) = number("max_memory_bytes")? {
             if n > super::MAX_MEMORY_CAP {
-                return Err(format!("max_memory_bytes {n} exceeds the server's cap of {}", super::MAX_MEMORY_CAP));
+                return Err(format!(
+                    "max_memory_bytes {n} exceeds the server's cap of {}",
+                    super::MAX_MEMORY_CAP
+                ));
             }
             limits.max_memory_bytes = size(n);
         }
@@ -97,7 +102,12 @@ pub struct StoreLimiter {
 }
 
 impl wasmtime::ResourceLimiter for StoreLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.max_memory_bytes {
             self.memory_exceeded = true;
             return Ok(false);
@@ -106,7 +116,12 @@ impl wasmtime::ResourceLimiter for StoreLimiter {
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= self.max_table_elements)
     }
 
@@ -140,6 +155,61 @@ impl Counters {
     pub fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// (name, type, help, value) rows for the metrics exposition.
+    pub fn rows(&self) -> Vec<(&'static str, &'static str, &'static str, u64)> {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            (
+                "tessera_wasm_instantiations_total",
+                "counter",
+                "Wasm guest instances created (initial and replacements)",
+                v(&self.instantiations),
+            ),
+            (
+                "tessera_wasm_traps_total",
+                "counter",
+                "Wasm executions that trapped (panics, memory, fuel)",
+                v(&self.traps),
+            ),
+            (
+                "tessera_wasm_deadline_kills_total",
+                "counter",
+                "Wasm executions stopped at their wall-clock deadline",
+                v(&self.deadline_kills),
+            ),
+            (
+                "tessera_wasm_fuel_kills_total",
+                "counter",
+                "Wasm executions stopped when their fuel ran out",
+                v(&self.fuel_kills),
+            ),
+            (
+                "tessera_wasm_memory_kills_total",
+                "counter",
+                "Wasm executions stopped at their memory limit",
+                v(&self.memory_kills),
+            ),
+            (
+                "tessera_wasm_compile_cache_hits_total",
+                "counter",
+                "Wasm components loaded from the compiled-code cache",
+                v(&self.compile_cache_hits),
+            ),
+            (
+                "tessera_wasm_compile_cache_misses_total",
+                "counter",
+                "Wasm components compiled because the cache had no entry",
+                v(&self.compile_cache_misses),
+            ),
+            (
+                "tessera_wasm_memory_high_water_bytes",
+                "gauge",
+                "Largest linear memory any Wasm guest has reached",
+                v(&self.memory_high_water_bytes),
+            ),
+        ]
+    }
 }
 
 #[cfg(test)]
@@ -163,7 +233,11 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let config = parse(r#"parameters { key: "fuel_per_execute" value { string_value: "lots" } }"#, "c").expect("parses");
+        let config = parse(
+            r#"parameters { key: "fuel_per_execute" value { string_value: "lots" } }"#,
+            "c",
+        )
+        .expect("parses");
         let e = Limits::from_config(&config).expect_err("invalid");
         assert!(e.contains("fuel_per_execute"), "{e}");
     }

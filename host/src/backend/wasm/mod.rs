@@ -87,29 +87,49 @@ impl WasmRuntime {
                     std::thread::sleep(EPOCH_TICK);
                 }
             })?;
-        Ok(WasmRuntime { engine, linker, cache_dir, counters: Arc::default() })
+        Ok(WasmRuntime {
+            engine,
+            linker,
+            cache_dir,
+            counters: Arc::default(),
+        })
     }
 
     /// Compiles a component, or loads it from the compiled-code cache.
     fn component(&self, bytes: &[u8], name: &str) -> Result<Component, LoadError> {
-        cache::load_or_compile(&self.engine, self.cache_dir.as_deref(), bytes, name, &self.counters)
+        cache::load_or_compile(
+            &self.engine,
+            self.cache_dir.as_deref(),
+            bytes,
+            name,
+            &self.counters,
+        )
     }
 }
 
 /// Loads a Wasm model version: compile (or take from the cache), pre-instantiate, and create
 /// and initialize `instance_group.count` instances.
 pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-    let server = ctx.server.upgrade().ok_or_else(|| LoadError::new("server is shutting down"))?;
+    let server = ctx
+        .server
+        .upgrade()
+        .ok_or_else(|| LoadError::new("server is shutting down"))?;
     let runtime = &server.wasm;
     let limits = Limits::from_config(&ctx.config).map_err(LoadError::new)?;
     let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
-    let bytes = std::fs::read(&path)
-        .map_err(|e| LoadError::new(format!("cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)", path.display())))?;
+    let bytes = std::fs::read(&path).map_err(|e| {
+        LoadError::new(format!(
+            "cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)",
+            path.display()
+        ))
+    })?;
     let component = runtime.component(&bytes, &ctx.name)?;
-    let instance_pre = runtime
-        .linker
-        .instantiate_pre(&component)
-        .map_err(|e| LoadError::new(format!("{} does not fit the tessera:inference/model world: {e:#}", path.display())))?;
+    let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
+        LoadError::new(format!(
+            "{} does not fit the tessera:inference/model world: {e:#}",
+            path.display()
+        ))
+    })?;
     let pre = Arc::new(WasmModel {
         pre: ModelPre::new(instance_pre).map_err(|e| LoadError::new(format!("{e:#}")))?,
         engine: runtime.engine.clone(),
@@ -123,7 +143,10 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
     for _ in 0..super::instance_count(&ctx.config) {
         let live = pre.instantiate().await.map_err(LoadError::new)?;
-        instances.push(Box::new(WasmInstance { pre: pre.clone(), live: Some(live) }));
+        instances.push(Box::new(WasmInstance {
+            pre: pre.clone(),
+            live: Some(live),
+        }));
     }
     Ok(instances)
 }
@@ -164,21 +187,35 @@ impl WasmInstance {
         };
         let chain = call_chain(&batch, &self.pre.name);
         let requests: Vec<_> = batch.iter().map(convert::request_to_wit).collect();
-        if let Err(e) = live.store.data_mut().begin_execution(chain, &self.pre.limits) {
+        if let Err(e) = live
+            .store
+            .data_mut()
+            .begin_execution(chain, &self.pre.limits)
+        {
             return fail_all(InferError::internal(e), ComputeTiming::default());
         }
         let limits = &self.pre.limits;
         live.store.set_epoch_deadline(1);
         if let Err(e) = live.store.set_fuel(limits.fuel_per_execute) {
-            return fail_all(InferError::internal(e.to_string()), ComputeTiming::default());
+            return fail_all(
+                InferError::internal(e.to_string()),
+                ComputeTiming::default(),
+            );
         }
         let t1 = Instant::now();
-        let call = live.bindings.tessera_inference_handler().call_execute(&mut live.store, &requests);
+        let call = live
+            .bindings
+            .tessera_inference_handler()
+            .call_execute(&mut live.store, &requests);
         let outcome = tokio::time::timeout(limits.execute_deadline, call).await;
         let t2 = Instant::now();
         let host = live.store.data_mut();
         host.flush_output(&self.pre.name, self.pre.version);
-        let timing = |t3: Instant| ComputeTiming { input: t1 - t0, infer: t2 - t1, output: t3 - t2 };
+        let timing = |t3: Instant| ComputeTiming {
+            input: t1 - t0,
+            infer: t2 - t1,
+            output: t3 - t2,
+        };
         match outcome {
             Ok(Ok(results)) => {
                 host.end_execution();
@@ -194,11 +231,16 @@ impl WasmInstance {
                 let results: Vec<InferResult> = results
                     .into_iter()
                     .map(|r| match r {
-                        Ok(response) => convert::response_from_wit(response, limits.max_output_bytes),
+                        Ok(response) => {
+                            convert::response_from_wit(response, limits.max_output_bytes)
+                        }
                         Err(e) => Err(convert::error_from_wit(e)),
                     })
                     .collect();
-                Executed { results, timing: timing(Instant::now()) }
+                Executed {
+                    results,
+                    timing: timing(Instant::now()),
+                }
             }
             Ok(Err(trap)) => {
                 let error = self.pre.describe_trap(&trap, host);
@@ -206,7 +248,10 @@ impl WasmInstance {
                 fail_all(error, timing(Instant::now()))
             }
             Err(_elapsed) => {
-                self.pre.counters.deadline_kills.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.pre
+                    .counters
+                    .deadline_kills
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let error = InferError::new(
                     ErrorKind::Timeout,
                     format!(
@@ -246,7 +291,10 @@ impl Drop for WasmInstance {
             handle.spawn(async move {
                 live.store.set_epoch_deadline(1);
                 let _ = live.store.set_fuel(u64::MAX);
-                let call = live.bindings.tessera_inference_handler().call_finalize(&mut live.store);
+                let call = live
+                    .bindings
+                    .tessera_inference_handler()
+                    .call_finalize(&mut live.store);
                 let _ = tokio::time::timeout(deadline, call).await;
             });
         }

@@ -1,0 +1,113 @@
+//! Model warmup (`model_warmup`): requests a version runs through its own queue before it is
+//! reported READY, so the first real request does not pay for lazy initialisation.
+
+use std::path::Path;
+
+use crate::config::{datatype_from_config, pb};
+use crate::infer::{InferError, InferRequest};
+use crate::model::ModelVersion;
+use crate::tensor::{DataType, Tensor, TensorData, element_count};
+
+/// Builds the request of one warmup entry. `model_dir` holds `warmup/<input_data_file>`.
+fn request(
+    warmup: &pb::ModelWarmup,
+    batched: bool,
+    model_dir: &Path,
+) -> Result<InferRequest, String> {
+    let mut inputs = Vec::new();
+    let mut names: Vec<&String> = warmup.inputs.keys().collect();
+    names.sort();
+    for name in names {
+        let input = &warmup.inputs[name];
+        let datatype = datatype_from_config(input.data_type).ok_or_else(|| {
+            format!(
+                "warmup '{}' input '{name}' has no valid data_type",
+                warmup.name
+            )
+        })?;
+        let mut shape = Vec::with_capacity(input.dims.len() + 1);
+        if batched {
+            shape.push(i64::from(warmup.batch_size.max(1)));
+        }
+        shape.extend(&input.dims);
+        let count = element_count(&shape).ok_or_else(|| {
+            format!(
+                "warmup '{}' input '{name}' has invalid dims {:?}",
+                warmup.name, input.dims
+            )
+        })?;
+        use pb::model_warmup::input::InputDataType;
+        let data = match &input.input_data_type {
+            Some(InputDataType::InputDataFile(file)) => {
+                let path = model_dir.join("warmup").join(file);
+                let bytes = std::fs::read(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                match datatype.size() {
+                    Some(_) => TensorData::Raw(bytes),
+                    None => TensorData::Elements(vec![bytes; count]),
+                }
+            }
+            Some(InputDataType::RandomData(true)) => filler(datatype, count, true),
+            _ => filler(datatype, count, false),
+        };
+        inputs.push(Tensor::new(name.clone(), datatype, shape, data));
+    }
+    Ok(InferRequest {
+        id: format!("warmup:{}", warmup.name),
+        inputs,
+        ..Default::default()
+    })
+}
+
+/// Zeros, or deterministic pseudo-random bytes (a warmup needs variety, not entropy).
+fn filler(datatype: DataType, count: usize, random: bool) -> TensorData {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state & 0x7f) as u8 // small positive values are valid for every numeric type
+    };
+    match datatype.size() {
+        None => TensorData::Elements(
+            (0..count)
+                .map(|_| {
+                    if random {
+                        vec![b'a' + next() % 26; 8]
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect(),
+        ),
+        Some(size) => TensorData::Raw(
+            (0..count * size)
+                .map(|i| {
+                    if random && (datatype != DataType::Bool || i % size == 0) {
+                        next() % if datatype == DataType::Bool { 2 } else { 128 }
+                    } else {
+                        0
+                    }
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Runs every warmup entry `count` times (at least once). Errors name the entry.
+pub async fn run(model: &ModelVersion, model_dir: &Path) -> Result<(), String> {
+    let batched = model.config.max_batch_size > 0;
+    for warmup in &model.config.model_warmup {
+        let request = request(warmup, batched, model_dir)?;
+        for _ in 0..warmup.count.max(1) {
+            model
+                .infer(request.clone())
+                .await
+                .map_err(|e: InferError| {
+                    format!("warmup '{}' failed: {}", warmup.name, e.message)
+                })?;
+        }
+        tracing::info!(model = %model.name, version = model.version, warmup = %warmup.name, "warmup done");
+    }
+    Ok(())
+}
