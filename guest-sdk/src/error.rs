@@ -14,9 +14,9 @@ pub enum ErrorKind {
     ModelNotReady,
     /// The request does not fit the model: names, datatypes, shapes, values (HTTP 400).
     InvalidInput,
-    /// A limit was hit: queue full, BLS depth or cycle, memory, output size (HTTP 429/400).
+    /// A limit was hit: BLS depth or cycle, guest memory or fuel, output size (HTTP 429).
     QuotaExceeded,
-    /// A deadline passed: queue timeout or the execution deadline (HTTP 504/500).
+    /// A deadline passed: queue timeout or the execution deadline (HTTP 503).
     Timeout,
     /// Anything else: a bug in a handler, an unexpected host failure (HTTP 500).
     Internal,

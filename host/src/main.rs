@@ -24,8 +24,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Load every model configuration without serving; print each model version's state and
-    /// exit non-zero when any fails.
+    /// Load every model (configuration, model files, Wasm `initialize`, warmup) without serving;
+    /// print each model version's state and exit non-zero when any fails.
     Check(RepositoryArgs),
 }
 
@@ -60,7 +60,7 @@ struct RepositoryArgs {
 struct ServeArgs {
     #[command(flatten)]
     repository: Option<RepositoryArgs>,
-    /// Address the HTTP, gRPC and metrics endpoints listen on.
+    /// Address the HTTP and metrics endpoints listen on.
     #[arg(long, default_value = "0.0.0.0")]
     http_address: String,
     /// KServe v2 HTTP/REST port.

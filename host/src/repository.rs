@@ -354,7 +354,16 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
         Err(e) => return fail(entry, e),
     };
     if kind == BackendKind::Onnx
-        && (!options.strict_model_config || config.input.is_empty())
+        && options.strict_model_config
+        && (config.input.is_empty() || config.output.is_empty())
+    {
+        return fail(
+            entry,
+            "--strict-model-config requires input and output in config.pbtxt (or start with --strict-model-config=false to derive them)".into(),
+        );
+    }
+    if kind == BackendKind::Onnx
+        && !options.strict_model_config
         && let Some(&latest) = selected.last()
     {
         let file = model_file(&config, &path.join(latest.to_string()), "model.onnx");
@@ -367,6 +376,12 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
             }
             Err(e) => return fail(entry, e.to_string()),
         }
+    }
+    for ignored in config::ignored_settings(&config) {
+        tracing::warn!(
+            model = name,
+            "'{ignored}' is accepted but not acted on by tessera"
+        );
     }
     if let Err(e) = config::validate(&config) {
         return fail(entry, format!("invalid configuration: {e}"));

@@ -176,6 +176,18 @@ impl TestServer {
             .collect()
     }
 
+    /// The repository index as a lookup: `state(name)` is (name, state, reason).
+    pub async fn state_lookup(&self) -> impl Fn(&str) -> (String, String, String) + use<> {
+        let states = self.states().await;
+        move |name: &str| {
+            states
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{name} is not in the repository index {states:?}"))
+        }
+    }
+
     pub fn stop(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();

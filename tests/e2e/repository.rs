@@ -61,14 +61,7 @@ fn mixed_repository() -> std::path::PathBuf {
 async fn broken_models_do_not_stop_the_others() {
     let repo = mixed_repository();
     let s = TestServer::start(&[repo], &["--strict-readiness=false"], &shared_cache()).await;
-    let states = s.states().await;
-    let state = |name: &str| {
-        states
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .cloned()
-            .unwrap_or_else(|| panic!("{name} in {states:?}"))
-    };
+    let state = s.state_lookup().await;
     assert_eq!(state("add_sub").1, "READY");
     assert_eq!(state("derived").1, "READY", "{:?}", state("derived"));
     let typo = state("typo");
@@ -153,16 +146,31 @@ async fn missing_onnx_runtime_is_reported_not_fatal() {
         &shared_cache(),
     )
     .await;
-    let states = s.states().await;
-    let add_sub = states
-        .iter()
-        .find(|(n, _, _)| n == "add_sub")
-        .expect("listed");
+    let state = s.state_lookup().await;
+    let add_sub = state("add_sub");
     assert_eq!(add_sub.1, "UNAVAILABLE");
     assert!(add_sub.2.contains("pip install onnxruntime"), "{add_sub:?}");
-    let wasm = states
-        .iter()
-        .find(|(n, _, _)| n == "add_sub_wasm")
-        .expect("listed");
-    assert_eq!(wasm.1, "READY", "Wasm handlers do not need ONNX Runtime");
+    assert_eq!(
+        state("add_sub_wasm").1,
+        "READY",
+        "Wasm handlers do not need ONNX Runtime"
+    );
+}
+
+#[tokio::test]
+async fn strict_model_config_refuses_to_derive() {
+    let s = TestServer::start(
+        &[mixed_repository()],
+        &["--strict-model-config=true", "--strict-readiness=false"],
+        &shared_cache(),
+    )
+    .await;
+    let state = s.state_lookup().await;
+    assert_eq!(state("add_sub").1, "READY");
+    let derived = state("derived");
+    assert_eq!(derived.1, "UNAVAILABLE");
+    assert!(
+        derived.2.contains("--strict-model-config=false"),
+        "{derived:?}"
+    );
 }

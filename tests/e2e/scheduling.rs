@@ -460,14 +460,7 @@ async fn warmup_runs_before_ready_and_a_failing_warmup_is_reported() {
         &warm.replace("key: \"X\"", "key: \"NOT_AN_INPUT\""),
     );
     let s = TestServer::start(&[repo], &["--strict-readiness=false"], &shared_cache()).await;
-    let states = s.states().await;
-    let state = |n: &str| {
-        states
-            .iter()
-            .find(|(name, _, _)| name == n)
-            .cloned()
-            .expect("listed")
-    };
+    let state = s.state_lookup().await;
     assert_eq!(state("warm").1, "READY");
     assert_eq!(state("cold").1, "UNAVAILABLE");
     assert!(
@@ -580,14 +573,7 @@ async fn ensemble_failures_name_the_step_and_bad_configs_are_unavailable() {
     ensemble("unmapped", &step("missing_tensor", "Y"));
     ensemble("cycle", &format!("{}, {}", step("b", "a"), step("a", "Y")));
     let s = TestServer::start(&[repo], &["--strict-readiness=false"], &shared_cache()).await;
-    let states = s.states().await;
-    let state = |n: &str| {
-        states
-            .iter()
-            .find(|(name, _, _)| name == n)
-            .cloned()
-            .expect("listed")
-    };
+    let state = s.state_lookup().await;
     assert_eq!(state("chain").1, "READY", "{:?}", state("chain"));
     assert!(
         state("unknown_model").2.contains("nope"),

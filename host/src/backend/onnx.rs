@@ -7,6 +7,9 @@
 //! A batch is executed as one ONNX Runtime run: the requests' inputs are concatenated along the
 //! batch dimension, and each output is split back by the requests' row counts.
 //!
+//! Datatypes: every KServe datatype but FP16 (which needs ONNX Runtime's half-precision tensors,
+//! not wired up yet: an FP16 input is refused with a 400).
+//!
 //! Per-model `parameters` (Triton's onnxruntime backend names):
 //! - `intra_op_thread_count` — threads one execution may use. Default 1: instances, HTTP workers
 //!   and other models share the cores, and small models gain nothing from more threads.

@@ -247,6 +247,34 @@ pub fn ensemble_scheduling(config: &ModelConfig) -> Option<&pb::ModelEnsembling>
     }
 }
 
+/// Settings that parse but that tessera does not act on, named for a warning at load time.
+pub fn ignored_settings(config: &ModelConfig) -> Vec<&'static str> {
+    let mut ignored = Vec::new();
+    if matches!(
+        config.scheduling_choice,
+        Some(pb::model_config::SchedulingChoice::SequenceBatching(_))
+    ) {
+        ignored.push("sequence_batching (requests are scheduled as stateless)");
+    }
+    if config.optimization.is_some() {
+        ignored.push("optimization");
+    }
+    if config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        ignored.push("response_cache");
+    }
+    if config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
+    {
+        ignored.push("model_transaction_policy.decoupled");
+    }
+    if !config.batch_input.is_empty() || !config.batch_output.is_empty() {
+        ignored.push("batch_input / batch_output");
+    }
+    ignored
+}
+
 /// A string parameter from the config's `parameters` map.
 pub fn string_parameter<'a>(config: &'a ModelConfig, key: &str) -> Option<&'a str> {
     config.parameters.get(key).map(|p| p.string_value.as_str())

@@ -4,8 +4,9 @@
 //! `infer` call, enters [`Scheduler::submit`]. The batcher task waits for an idle instance, then
 //! forms a batch from the queue (by priority, then arrival; merging only requests with the same
 //! non-batch shapes; waiting up to `max_queue_delay_microseconds` for more when dynamic batching
-//! is on) and hands it to that instance. While every instance is busy the queue grows, so the
-//! next batch is larger: batching adapts to load without a delay too.
+//! is on) and hands it to that instance. With dynamic batching, while every instance is busy the
+//! queue grows, so the next batch is larger: batching adapts to load even with no delay set.
+//! Without `dynamic_batching`, each execution gets exactly one request.
 
 mod policy;
 mod queue;

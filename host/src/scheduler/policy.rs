@@ -178,8 +178,8 @@ impl BatchPolicy {
             .unwrap_or(1)
     }
 
-    /// What must be equal for two requests to share a batch: each input's shape past the batch
-    /// dimension (ragged inputs excepted) and the requested outputs.
+    /// What must be equal for two requests to share a batch: the input names and each input's
+    /// shape past the batch dimension (ragged inputs excepted).
     pub fn shape_key(&self, request: &InferRequest) -> Vec<(String, Vec<i64>)> {
         let skip = usize::from(self.max_batch_size > 0);
         let mut key: Vec<(String, Vec<i64>)> = request

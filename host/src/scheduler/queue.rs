@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
@@ -153,10 +153,25 @@ impl Queue {
             }
             tokio::select! {
                 _ = notified => {}
-                _ = tokio::time::sleep_until(flush_at.into()) => {}
+                _ = sleep_until(flush_at) => {}
             }
         }
         Some(batch)
+    }
+}
+
+/// Below this, tokio's timer (1 ms resolution) would stretch a batching delay several times over.
+const COARSE_TIMER: Duration = Duration::from_millis(2);
+
+/// Waits until `deadline` with sub-millisecond precision: short waits sleep on a blocking-pool
+/// thread (the OS timer is precise to tens of microseconds), long ones on tokio's timer.
+async fn sleep_until(deadline: Instant) {
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if remaining >= COARSE_TIMER {
+        tokio::time::sleep_until(deadline.into()).await;
+    } else if !remaining.is_zero() {
+        // If the batch fills first this future is dropped; the thread finishes its short sleep.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(remaining)).await;
     }
 }
 

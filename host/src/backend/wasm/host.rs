@@ -33,8 +33,9 @@ pub struct WasmModel {
 }
 
 impl WasmModel {
-    /// Instantiates the component in a fresh store and calls `initialize`.
-    pub async fn instantiate(&self) -> Result<Live, String> {
+    /// A fresh store with the component instantiated from the `InstancePre`; no guest code has
+    /// run yet.
+    pub async fn instantiate_bare(&self) -> Result<(Store<HostState>, super::Model), String> {
         let state = HostState::new(self);
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -50,6 +51,12 @@ impl WasmModel {
             .instantiate_async(&mut store)
             .await
             .map_err(|e| format!("cannot instantiate handler '{}': {e:#}", self.name))?;
+        Ok((store, bindings))
+    }
+
+    /// Instantiates the component in a fresh store and calls `initialize`.
+    pub async fn instantiate(&self) -> Result<Live, String> {
+        let (mut store, bindings) = self.instantiate_bare().await?;
         Counters::bump(&self.counters.instantiations);
         let init = bindings
             .tessera_inference_handler()

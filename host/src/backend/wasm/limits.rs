@@ -9,7 +9,7 @@
 //! | `max_output_bytes`    | bytes | 64 MiB    | total output tensor bytes of one response; a larger response fails that request only. |
 //! | `max_table_elements`  | count | 100 000   | elements of one table (function pointers); stops table-growth abuse. |
 //! | `max_instances`       | count | 64        | core instances inside one component instance. |
-//! | `max_log_bytes`       | bytes | 64 KiB    | stdout+stderr kept per execution; the rest is dropped (counted in the log). |
+//! | `max_log_bytes`       | bytes | 64 KiB    | stdout and stderr kept per execution, each; the rest is dropped (counted in the log). |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

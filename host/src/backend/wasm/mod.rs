@@ -107,6 +107,41 @@ impl WasmRuntime {
     }
 }
 
+/// Compiles (or takes from the cache) and pre-instantiates one model version.
+fn prepare(
+    runtime: &WasmRuntime,
+    name: &str,
+    version: i64,
+    config: &crate::config::ModelConfig,
+    component_path: &std::path::Path,
+    server: std::sync::Weak<crate::server::Server>,
+) -> Result<Arc<WasmModel>, LoadError> {
+    let limits = Limits::from_config(config).map_err(LoadError::new)?;
+    let bytes = std::fs::read(component_path).map_err(|e| {
+        LoadError::new(format!(
+            "cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)",
+            component_path.display()
+        ))
+    })?;
+    let component = runtime.component(&bytes, name)?;
+    let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
+        LoadError::new(format!(
+            "{} does not fit the tessera:inference/model world: {e:#}",
+            component_path.display()
+        ))
+    })?;
+    Ok(Arc::new(WasmModel {
+        pre: ModelPre::new(instance_pre).map_err(|e| LoadError::new(format!("{e:#}")))?,
+        engine: runtime.engine.clone(),
+        limits,
+        name: name.to_owned(),
+        version,
+        config_json: crate::config::to_json(config).to_string(),
+        server,
+        counters: runtime.counters.clone(),
+    }))
+}
+
 /// Loads a Wasm model version: compile (or take from the cache), pre-instantiate, and create
 /// and initialize `instance_group.count` instances.
 pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
@@ -114,32 +149,15 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
         .server
         .upgrade()
         .ok_or_else(|| LoadError::new("server is shutting down"))?;
-    let runtime = &server.wasm;
-    let limits = Limits::from_config(&ctx.config).map_err(LoadError::new)?;
     let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
-    let bytes = std::fs::read(&path).map_err(|e| {
-        LoadError::new(format!(
-            "cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)",
-            path.display()
-        ))
-    })?;
-    let component = runtime.component(&bytes, &ctx.name)?;
-    let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
-        LoadError::new(format!(
-            "{} does not fit the tessera:inference/model world: {e:#}",
-            path.display()
-        ))
-    })?;
-    let pre = Arc::new(WasmModel {
-        pre: ModelPre::new(instance_pre).map_err(|e| LoadError::new(format!("{e:#}")))?,
-        engine: runtime.engine.clone(),
-        limits,
-        name: ctx.name.clone(),
-        version: ctx.version,
-        config_json: crate::config::to_json(&ctx.config).to_string(),
-        server: ctx.server.clone(),
-        counters: runtime.counters.clone(),
-    });
+    let pre = prepare(
+        &server.wasm,
+        &ctx.name,
+        ctx.version,
+        &ctx.config,
+        &path,
+        ctx.server.clone(),
+    )?;
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
     for _ in 0..super::instance_count(&ctx.config) {
         let live = pre.instantiate().await.map_err(LoadError::new)?;
@@ -149,6 +167,35 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
         }));
     }
     Ok(instances)
+}
+
+/// A Wasm model version outside any server, for benchmarks and tools. Its `infer` calls fail
+/// (there is no server to call into).
+pub struct Standalone(Arc<WasmModel>);
+
+impl Standalone {
+    pub fn load(
+        runtime: &WasmRuntime,
+        name: &str,
+        component: &std::path::Path,
+        config: &crate::config::ModelConfig,
+    ) -> Result<Standalone, LoadError> {
+        prepare(runtime, name, 1, config, component, std::sync::Weak::new()).map(Standalone)
+    }
+
+    /// Instantiates from the `InstancePre` into a fresh store, running no guest code, and drops it.
+    pub async fn instantiate_bare(&self) -> Result<(), String> {
+        self.0.instantiate_bare().await.map(drop)
+    }
+
+    /// A ready instance: instantiated and initialized.
+    pub async fn instance(&self) -> Result<WasmInstance, String> {
+        let live = self.0.instantiate().await?;
+        Ok(WasmInstance {
+            pre: self.0.clone(),
+            live: Some(live),
+        })
+    }
 }
 
 /// One live guest: its store and bindings.
