@@ -140,7 +140,9 @@ impl Repository {
                 (name, entry, kind)
             })
             .collect();
-        prepared.sort_by_key(|(_, _, kind)| *kind == Some(BackendKind::Ensemble));
+        let depths = ensemble_depths(&prepared);
+        // Plain models first, then ensembles, each after the ensembles it uses as steps.
+        prepared.sort_by_key(|(name, _, _)| depths.get(name).copied().unwrap_or(0));
         for (name, entry, kind) in prepared {
             self.write().insert(name.clone(), entry.clone());
             let Some(kind) = kind else { continue };
@@ -286,6 +288,51 @@ impl Repository {
             }
         }
     }
+}
+
+/// How deep each ensemble nests: 1 for an ensemble of plain models, 1 + the deepest step for an
+/// ensemble of ensembles. Plain models are absent (depth 0). A cycle stops the count; the plan
+/// check at load time reports it.
+fn ensemble_depths(
+    prepared: &[(String, ModelEntry, Option<BackendKind>)],
+) -> HashMap<String, usize> {
+    let steps: HashMap<&str, Vec<&str>> = prepared
+        .iter()
+        .filter(|(_, _, kind)| *kind == Some(BackendKind::Ensemble))
+        .filter_map(|(name, entry, _)| {
+            let config = entry.config.as_deref()?;
+            let steps = config::ensemble_scheduling(config)?
+                .step
+                .iter()
+                .map(|s| s.model_name.as_str())
+                .collect();
+            Some((name.as_str(), steps))
+        })
+        .collect();
+    fn depth<'a>(
+        name: &'a str,
+        steps: &HashMap<&'a str, Vec<&'a str>>,
+        seen: &mut Vec<&'a str>,
+    ) -> usize {
+        let Some(children) = steps.get(name) else {
+            return 0;
+        };
+        if seen.contains(&name) {
+            return 0;
+        }
+        seen.push(name);
+        let d = 1 + children
+            .iter()
+            .map(|c| depth(c, steps, seen))
+            .max()
+            .unwrap_or(0);
+        seen.pop();
+        d
+    }
+    steps
+        .keys()
+        .map(|&name| (name.to_owned(), depth(name, &steps, &mut Vec::new())))
+        .collect()
 }
 
 /// Reads a model's configuration and decides its versions; no backend work yet.

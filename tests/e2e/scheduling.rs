@@ -566,6 +566,11 @@ async fn ensemble_failures_name_the_step_and_bad_configs_are_unavailable() {
         "chain",
         &format!("{}, {}", step("X", "mid"), step("mid", "Y")),
     );
+    // Sorts before "chain" but uses it as a step: loads after it all the same.
+    ensemble(
+        "a_outer",
+        "{ model_name: \"chain\" input_map { key: \"X\" value: \"X\" } output_map { key: \"Y\" value: \"Y\" } }",
+    );
     ensemble(
         "unknown_model",
         "{ model_name: \"nope\" input_map { key: \"X\" value: \"X\" } output_map { key: \"Y\" value: \"Y\" } }",
@@ -575,6 +580,7 @@ async fn ensemble_failures_name_the_step_and_bad_configs_are_unavailable() {
     let s = TestServer::start(&[repo], &["--strict-readiness=false"], &shared_cache()).await;
     let state = s.state_lookup().await;
     assert_eq!(state("chain").1, "READY", "{:?}", state("chain"));
+    assert_eq!(state("a_outer").1, "READY", "{:?}", state("a_outer"));
     assert!(
         state("unknown_model").2.contains("nope"),
         "{:?}",
