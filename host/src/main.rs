@@ -227,6 +227,8 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .context("HTTP server failed")?;
     tracing::info!("shutting down");
     server.repository.unload_all();
+    // Let queued work finish and handlers' `finalize` run before the process exits.
+    server.wasm.drain(std::time::Duration::from_secs(10)).await;
     Ok(())
 }
 

@@ -188,6 +188,14 @@ impl TestServer {
         }
     }
 
+    /// Stops the server the way an orchestrator does (SIGTERM), waits for it, returns its log.
+    pub fn terminate(mut self) -> (bool, String) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let exited_cleanly = self.child.wait().map(|s| s.success()).unwrap_or(false);
+        (exited_cleanly, self.log_text())
+    }
+
     pub fn stop(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -610,3 +610,25 @@ async fn ensemble_failures_name_the_step_and_bad_configs_are_unavailable() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn graceful_shutdown_runs_finalize() {
+    let repo = temp_dir("shutdown");
+    slow_echo(
+        &repo,
+        "echo",
+        "max_batch_size: 1\ninstance_group [ { count: 2 kind: KIND_CPU } ]",
+    );
+    let s = start(repo, &[]).await;
+    let (status, _) = s
+        .post_json("/v2/models/echo/infer", &echo_request(1.0, 0, 0))
+        .await;
+    assert_eq!(status, 200);
+    let (clean, log) = s.terminate();
+    assert!(clean, "SIGTERM exits cleanly:\n{log}");
+    assert_eq!(
+        log.matches("slow_echo finalized").count(),
+        2,
+        "both instances finalized:\n{log}"
+    );
+}

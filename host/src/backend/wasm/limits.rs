@@ -149,6 +149,10 @@ pub struct Counters {
     pub compile_cache_hits: AtomicU64,
     pub compile_cache_misses: AtomicU64,
     pub memory_high_water_bytes: AtomicU64,
+    /// Instances alive (created and not yet finalized).
+    pub live_instances: AtomicU64,
+    /// Signalled whenever an instance is gone.
+    pub instance_dropped: tokio::sync::Notify,
 }
 
 impl Counters {
@@ -207,6 +211,12 @@ impl Counters {
                 "gauge",
                 "Largest linear memory any Wasm guest has reached",
                 v(&self.memory_high_water_bytes),
+            ),
+            (
+                "tessera_wasm_live_instances",
+                "gauge",
+                "Wasm guest instances alive",
+                v(&self.live_instances),
             ),
         ]
     }

@@ -95,6 +95,26 @@ impl WasmRuntime {
         })
     }
 
+    /// Waits until every Wasm instance has been dropped and finalized, at most `limit`.
+    pub async fn drain(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let dropped = self.counters.instance_dropped.notified();
+            if self
+                .counters
+                .live_instances
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 0
+            {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, dropped).await.is_err() {
+                tracing::warn!("some Wasm instances did not finalize in time");
+                return;
+            }
+        }
+    }
+
     /// Compiles a component, or loads it from the compiled-code cache.
     fn component(&self, bytes: &[u8], name: &str) -> Result<Component, LoadError> {
         cache::load_or_compile(
@@ -161,10 +181,7 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
     for _ in 0..super::instance_count(&ctx.config) {
         let live = pre.instantiate().await.map_err(LoadError::new)?;
-        instances.push(Box::new(WasmInstance {
-            pre: pre.clone(),
-            live: Some(live),
-        }));
+        instances.push(Box::new(WasmInstance::new(pre.clone(), live)));
     }
     Ok(instances)
 }
@@ -191,10 +208,7 @@ impl Standalone {
     /// A ready instance: instantiated and initialized.
     pub async fn instance(&self) -> Result<WasmInstance, String> {
         let live = self.0.instantiate().await?;
-        Ok(WasmInstance {
-            pre: self.0.clone(),
-            live: Some(live),
-        })
+        Ok(WasmInstance::new(self.0.clone(), live))
     }
 }
 
@@ -218,6 +232,16 @@ impl ModelInstance for WasmInstance {
 }
 
 impl WasmInstance {
+    fn new(pre: Arc<WasmModel>, live: Live) -> WasmInstance {
+        pre.counters
+            .live_instances
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        WasmInstance {
+            pre,
+            live: Some(live),
+        }
+    }
+
     async fn run(&mut self, batch: Vec<InferRequest>) -> Executed {
         let n = batch.len();
         let fail_all = |error: InferError, timing: ComputeTiming| Executed {
@@ -330,20 +354,33 @@ fn call_chain(batch: &[InferRequest], model: &str) -> Vec<String> {
 
 impl Drop for WasmInstance {
     fn drop(&mut self) {
-        // `finalize` is async; run it on the runtime if there is one (unload, shutdown).
-        if let Some(mut live) = self.live.take()
-            && let Ok(handle) = tokio::runtime::Handle::try_current()
-        {
-            let deadline = self.pre.limits.execute_deadline;
-            handle.spawn(async move {
-                live.store.set_epoch_deadline(1);
-                let _ = live.store.set_fuel(u64::MAX);
-                let call = live
-                    .bindings
-                    .tessera_inference_handler()
-                    .call_finalize(&mut live.store);
-                let _ = tokio::time::timeout(deadline, call).await;
-            });
+        let counters = self.pre.counters.clone();
+        let done = move || {
+            counters
+                .live_instances
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            counters.instance_dropped.notify_waiters();
+        };
+        // `finalize` is async: run it on the runtime (unload, shutdown); the server waits for
+        // these at shutdown (`WasmRuntime::drain`). A trapped instance has nothing to finalize.
+        match (self.live.take(), tokio::runtime::Handle::try_current()) {
+            (Some(mut live), Ok(handle)) => {
+                let deadline = self.pre.limits.execute_deadline;
+                let (name, version) = (self.pre.name.clone(), self.pre.version);
+                handle.spawn(async move {
+                    live.store.set_epoch_deadline(1);
+                    let _ = live.store.set_fuel(u64::MAX);
+                    let call = live
+                        .bindings
+                        .tessera_inference_handler()
+                        .call_finalize(&mut live.store);
+                    let _ = tokio::time::timeout(deadline, call).await;
+                    live.store.data_mut().flush_output(&name, version);
+                    drop(live);
+                    done();
+                });
+            }
+            _ => done(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Test fixture `slow_echo`: `Y = X` for X: FP32 `[batch, 1]`, after sleeping the request's
 //! `delay_ms` parameter (an integer; anything else is invalid input). The scheduling tests use it
 //! to keep an instance busy so that later requests queue, and then observe the order of answers.
+//! `finalize` logs "slow_echo finalized", which the shutdown test looks for.
 
 use std::time::Duration;
 
@@ -23,6 +24,10 @@ impl Model for SlowEcho {
         let x = request.take_input("X")?;
         x.check(DataType::Fp32, &[-1, 1])?;
         Ok(Response::new().with_output(x.renamed("Y")))
+    }
+
+    fn finalize(&mut self) {
+        tessera_guest::log::info("slow_echo finalized");
     }
 }
 
