@@ -174,3 +174,47 @@ async fn strict_model_config_refuses_to_derive() {
         "{derived:?}"
     );
 }
+
+#[tokio::test]
+async fn reshape_maps_client_dims_to_model_dims() {
+    let repo = temp_dir("reshape");
+    std::fs::create_dir_all(repo.join("grid/1")).expect("mkdir");
+    std::fs::copy(
+        examples_repo().join("add_sub/1/model.onnx"),
+        repo.join("grid/1/model.onnx"),
+    )
+    .expect("copy");
+    // Clients send 4x4 grids; the model takes 16-vectors; clients get 4x4 grids back.
+    let io = |kind: &str, name: &str| {
+        format!(
+            "{kind} {{ name: \"{name}\" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape {{ shape: [ 16 ] }} }}\n"
+        )
+    };
+    let config = format!(
+        "name: \"grid\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n{}{}{}{}",
+        io("input", "INPUT0"),
+        io("input", "INPUT1"),
+        io("output", "OUTPUT0"),
+        io("output", "OUTPUT1")
+    );
+    std::fs::write(repo.join("grid/config.pbtxt"), config).expect("config");
+    let s = TestServer::start(&[repo], &[], &shared_cache()).await;
+    let a: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let inputs = serde_json::json!([
+        { "name": "INPUT0", "shape": [2, 4, 4], "datatype": "FP32", "data": a },
+        { "name": "INPUT1", "shape": [2, 4, 4], "datatype": "FP32", "data": vec![1.0; 32] },
+    ]);
+    let (status, body) = s.infer("grid", inputs).await;
+    assert_eq!(status, 200, "{body}");
+    let sum = crate::harness::output(&body, "OUTPUT0");
+    assert_eq!(sum["shape"], serde_json::json!([2, 4, 4]));
+    let got: Vec<f64> = sum["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|v| v.as_f64().expect("number"))
+        .collect();
+    assert_eq!(got, (0..32).map(|i| i as f64 + 1.0).collect::<Vec<_>>());
+    let (_, meta) = s.get("/v2/models/grid").await;
+    assert_eq!(meta["inputs"][0]["shape"], serde_json::json!([-1, 4, 4]));
+}
