@@ -40,6 +40,7 @@ pub fn free_port() -> u16 {
 pub struct TestServer {
     child: Child,
     pub base: String,
+    pub metrics_port: u16,
     pub log: PathBuf,
     pub client: reqwest::Client,
 }
@@ -60,9 +61,17 @@ impl TestServer {
             "--http-port",
             &port.to_string(),
         ]);
-        if !extra.contains(&"--metrics-port") {
-            cmd.args(["--metrics-port", &free_port().to_string()]);
-        }
+        let metrics_port = match extra.iter().position(|a| *a == "--metrics-port") {
+            Some(i) => extra
+                .get(i + 1)
+                .and_then(|p| p.parse().ok())
+                .expect("a port after --metrics-port"),
+            None => {
+                let p = free_port();
+                cmd.args(["--metrics-port", &p.to_string()]);
+                p
+            }
+        };
         cmd.arg("--wasm-cache-dir")
             .arg(cache)
             .args(extra)
@@ -75,6 +84,7 @@ impl TestServer {
         let server = TestServer {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            metrics_port,
             log,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
@@ -99,6 +109,19 @@ impl TestServer {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The Prometheus text from `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
+        self.client
+            .get(url)
+            .send()
+            .await
+            .expect("metrics answer")
+            .text()
+            .await
+            .expect("metrics text")
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -3,7 +3,9 @@
 //!
 //! Order-sensitive tests use `slow_echo` (tests/guests): Y = X after waiting the request's
 //! `delay_ms` parameter, which keeps an instance busy so that requests queue behind it. They
-//! assert the order in which answers arrive, never how long anything took.
+//! assert the order in which answers arrive, never how long anything took. Each step waits for
+//! the server to reach a state (a request running, N queued) before sending the next, and each
+//! ordered answer carries 300 ms of work, so a loaded client still sees them in order.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -70,16 +72,53 @@ async fn stats(s: &TestServer, model: &str) -> Value {
     body["model_stats"][0].clone()
 }
 
-/// Sends the requests concurrently, each `stagger` after the previous one, and returns the tags
-/// in the order their answers arrived, with each answer.
+/// What must hold on the server before the next request is sent, so that order-sensitive
+/// tests do not depend on how fast a loaded machine delivers requests.
+#[derive(Clone, Copy)]
+enum Then {
+    /// `model` has started this many executions (`queue.count` in its statistics counts requests
+    /// that left the queue for an instance).
+    Started(&'static str, u64),
+    /// This many requests wait in `model`'s queue (`nv_inference_pending_request_count`).
+    Queued(&'static str, u64),
+    Nothing,
+}
+
+async fn wait_for(s: &TestServer, then: Then) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let holds = match then {
+            Then::Started(model, n) => {
+                stats(s, model).await["inference_stats"]["queue"]["count"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= n
+            }
+            Then::Queued(model, n) => s.metrics().await.contains(&format!(
+                "nv_inference_pending_request_count{{model=\"{model}\",version=\"1\"}} {n}\n"
+            )),
+            Then::Nothing => true,
+        };
+        if holds {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never reached the expected state"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sends the requests concurrently, each once the previous one's condition holds, and returns the
+/// tags in the order their answers arrived, with each answer.
 async fn arrival_order(
     s: &TestServer,
-    sends: Vec<(&'static str, String, Value)>,
-    stagger: Duration,
+    sends: Vec<(&'static str, String, Value, Then)>,
 ) -> Vec<(&'static str, u16, Value)> {
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for (tag, path, body) in sends {
+    for (tag, path, body, then) in sends {
         let (client, url, order) = (s.client.clone(), s.url(&path), order.clone());
         tasks.push(tokio::spawn(async move {
             let r = client.post(url).json(&body).send().await.expect("answers");
@@ -87,7 +126,7 @@ async fn arrival_order(
             let body: Value = r.json().await.unwrap_or(Value::Null);
             order.lock().expect("lock").push((tag, status, body));
         }));
-        tokio::time::sleep(stagger).await;
+        wait_for(s, then).await;
     }
     for t in tasks {
         t.await.expect("task");
@@ -281,11 +320,25 @@ async fn higher_priority_requests_are_served_first() {
     let order = arrival_order(
         &s,
         vec![
-            ("blocker", path.clone(), echo_request(0.0, 400, 0)),
-            ("low", path.clone(), echo_request(1.0, 0, 2)),
-            ("high", path.clone(), echo_request(2.0, 0, 1)),
+            (
+                "blocker",
+                path.clone(),
+                echo_request(0.0, 1500, 0),
+                Then::Started("echo", 1),
+            ),
+            (
+                "low",
+                path.clone(),
+                echo_request(1.0, 300, 2),
+                Then::Queued("echo", 1),
+            ),
+            (
+                "high",
+                path.clone(),
+                echo_request(2.0, 300, 1),
+                Then::Queued("echo", 2),
+            ),
         ],
-        Duration::from_millis(100),
     )
     .await;
     let tags: Vec<_> = order.iter().map(|(t, status, _)| (*t, *status)).collect();
@@ -306,21 +359,18 @@ async fn queue_timeout_rejects_and_full_queue_rejects_at_once() {
         "max_batch_size: 1\ndynamic_batching { default_queue_policy { max_queue_size: 1 } }",
     );
     let s = start(repo, &[]).await;
+    let timeout = "/v2/models/timeout/infer".to_string();
     let order = arrival_order(
         &s,
         vec![
             (
                 "blocker",
-                "/v2/models/timeout/infer".into(),
-                echo_request(0.0, 600, 0),
+                timeout.clone(),
+                echo_request(0.0, 1500, 0),
+                Then::Started("timeout", 1),
             ),
-            (
-                "late",
-                "/v2/models/timeout/infer".into(),
-                echo_request(1.0, 0, 0),
-            ),
+            ("late", timeout, echo_request(1.0, 0, 0), Then::Nothing),
         ],
-        Duration::from_millis(50),
     )
     .await;
     let late = order
@@ -339,27 +389,29 @@ async fn queue_timeout_rejects_and_full_queue_rejects_at_once() {
         order[0].0, "late",
         "the timed-out request is answered before the blocker finishes"
     );
+    assert_eq!(
+        order[1].1, 200,
+        "the running blocker is not subject to the queue timeout"
+    );
 
+    let bounded = "/v2/models/bounded/infer".to_string();
     let order = arrival_order(
         &s,
         vec![
             (
                 "blocker",
-                "/v2/models/bounded/infer".into(),
-                echo_request(0.0, 600, 0),
+                bounded.clone(),
+                echo_request(0.0, 1500, 0),
+                Then::Started("bounded", 1),
             ),
             (
                 "queued",
-                "/v2/models/bounded/infer".into(),
-                echo_request(1.0, 0, 0),
+                bounded.clone(),
+                echo_request(1.0, 300, 0),
+                Then::Queued("bounded", 1),
             ),
-            (
-                "overflow",
-                "/v2/models/bounded/infer".into(),
-                echo_request(2.0, 0, 0),
-            ),
+            ("overflow", bounded, echo_request(2.0, 0, 0), Then::Nothing),
         ],
-        Duration::from_millis(50),
     )
     .await;
     let tags: Vec<_> = order.iter().map(|(t, status, _)| (*t, *status)).collect();
@@ -385,20 +437,20 @@ async fn preserve_ordering_holds_responses_back() {
     );
     slow_echo(&repo, "unordered", &format!("{two}dynamic_batching {{ }}"));
     let s = start(repo, &[]).await;
-    // A slow request, then a fast one on the second instance. When the fast answer arrives, has
-    // the slow request finished executing? Only if its answer was held back for ordering.
+    // A slow request, then (once it runs) a fast one on the second instance. When the fast answer
+    // arrives, has the slow request finished executing? Only if its answer was held back.
     for (model, executed_when_fast_arrives) in [("unordered", 1), ("ordered", 2)] {
         let path = format!("/v2/models/{model}/infer");
         let (client, url) = (s.client.clone(), s.url(&path));
         let slow = tokio::spawn(async move {
             client
                 .post(url)
-                .json(&echo_request(0.0, 400, 0))
+                .json(&echo_request(0.0, 1500, 0))
                 .send()
                 .await
                 .map(|r| r.status())
         });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_for(&s, Then::Started(model, 1)).await;
         let (status, body) = s.post_json(&path, &echo_request(1.0, 0, 0)).await;
         assert_eq!(status, 200, "{body}");
         let st = stats(&s, model).await;
@@ -418,32 +470,29 @@ async fn rate_limiter_serialises_instances_sharing_a_resource() {
             (
                 "slow",
                 "/v2/models/a/infer".to_string(),
-                echo_request(0.0, 400, 0),
+                echo_request(0.0, 1500, 0),
+                Then::Started("a", 1),
             ),
             (
                 "fast",
                 "/v2/models/b/infer".to_string(),
-                echo_request(1.0, 0, 0),
+                echo_request(1.0, 300, 0),
+                Then::Nothing,
             ),
         ]
     };
-    for (flags, want) in [
-        (vec![], ["fast", "slow"]),
-        (
-            vec![
-                "--rate-limit",
-                "execution_count",
-                "--rate-limit-resource",
-                "R:1",
-            ],
-            ["slow", "fast"],
-        ),
-    ] {
+    let limit = vec![
+        "--rate-limit",
+        "execution_count",
+        "--rate-limit-resource",
+        "R:1",
+    ];
+    for (flags, want) in [(vec![], ["fast", "slow"]), (limit, ["slow", "fast"])] {
         let repo = temp_dir("rate-limit");
         slow_echo(&repo, "a", limited);
         slow_echo(&repo, "b", limited);
         let s = start(repo, &flags).await;
-        let order = arrival_order(&s, sends(), Duration::from_millis(100)).await;
+        let order = arrival_order(&s, sends()).await;
         let tags: Vec<_> = order.iter().map(|(t, _, _)| *t).collect();
         assert_eq!(tags, want, "flags {flags:?}");
     }

@@ -224,11 +224,10 @@ impl HostState {
     }
 
     /// Prepares for one `execute`.
-    pub fn begin_execution(&mut self, chain: Vec<String>, _limits: &Limits) -> Result<(), String> {
+    pub fn begin_execution(&mut self, chain: Vec<String>) {
         self.chain = chain;
         self.limiter.memory_exceeded = false;
         self.last_stderr.clear();
-        Ok(())
     }
 
     pub fn end_execution(&mut self) {

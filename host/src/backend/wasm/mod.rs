@@ -258,13 +258,7 @@ impl WasmInstance {
         };
         let chain = call_chain(&batch, &self.pre.name);
         let requests: Vec<_> = batch.iter().map(convert::request_to_wit).collect();
-        if let Err(e) = live
-            .store
-            .data_mut()
-            .begin_execution(chain, &self.pre.limits)
-        {
-            return fail_all(InferError::internal(e), ComputeTiming::default());
-        }
+        live.store.data_mut().begin_execution(chain);
         let limits = &self.pre.limits;
         live.store.set_epoch_deadline(1);
         if let Err(e) = live.store.set_fuel(limits.fuel_per_execute) {
