@@ -30,11 +30,13 @@ pub fn ort_library() -> String {
     })
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+/// Two distinct free ports (HTTP and metrics). Both sockets are held until both ports are known,
+/// so the OS cannot hand out the same port twice.
+pub fn free_ports() -> (u16, u16) {
+    let bind = || TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let (a, b) = (bind(), bind());
+    let port = |l: &TcpListener| l.local_addr().expect("bound").port();
+    (port(&a), port(&b))
 }
 
 pub struct TestServer {
@@ -48,7 +50,7 @@ pub struct TestServer {
 impl TestServer {
     /// Starts tessera on `repos` with extra flags, and waits until it answers.
     pub async fn start(repos: &[PathBuf], extra: &[&str], cache: &Path) -> TestServer {
-        let port = free_port();
+        let (port, spare_port) = free_ports();
         let log = std::env::temp_dir().join(format!("tessera-e2e-{port}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
@@ -67,9 +69,8 @@ impl TestServer {
                 .and_then(|p| p.parse().ok())
                 .expect("a port after --metrics-port"),
             None => {
-                let p = free_port();
-                cmd.args(["--metrics-port", &p.to_string()]);
-                p
+                cmd.args(["--metrics-port", &spare_port.to_string()]);
+                spare_port
             }
         };
         cmd.arg("--wasm-cache-dir")

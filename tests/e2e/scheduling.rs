@@ -179,7 +179,6 @@ async fn dynamic_batching_merges_onnx_requests_exactly() {
         );
     }
     // The metrics endpoint reports the same counts under Triton's names.
-    let metrics_port = crate::harness::free_port();
     drop(s);
     let repo2 = temp_dir("batch-metrics");
     model(
@@ -191,22 +190,14 @@ async fn dynamic_batching_merges_onnx_requests_exactly() {
             "{io}\ndynamic_batching {{ max_queue_delay_microseconds: 300000 preferred_batch_size: [ 4 ] }}"
         ),
     );
-    let s = start(repo2, &["--metrics-port", &metrics_port.to_string()]).await;
+    let s = start(repo2, &[]).await;
     let _ = futures::future::join_all(
         rows.iter()
             .take(4)
             .map(|x| s.infer("mlp_batched", request(x))),
     )
     .await;
-    let text = s
-        .client
-        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = s.metrics().await;
     assert!(
         text.contains("nv_inference_count{model=\"mlp_batched\",version=\"1\"} 4"),
         "{text}"
