@@ -18,7 +18,7 @@ use crate::config::{self, BackendKind, ModelConfig, pb};
 use crate::infer::InferError;
 use crate::metrics::ModelStats;
 use crate::model::ModelVersion;
-use crate::scheduler::rate_limit::{RateLimiter, Requirement};
+use crate::scheduler::rate_limit::{RateLimiter, Requirement, Share};
 use crate::scheduler::{BatchPolicy, Executor, Scheduler};
 use crate::server::Server;
 
@@ -529,14 +529,14 @@ fn read_labels(
     Ok(labels)
 }
 
-/// Pairs instances with the rate-limiter resources of their instance group (instances are
-/// created group by group, `count` each).
+/// Pairs instances with the rate-limiter resources and priority of their instance group
+/// (instances are created group by group, `count` each).
 fn executors(
     config: &ModelConfig,
     instances: Vec<Box<dyn crate::backend::ModelInstance>>,
     limiter: &RateLimiter,
 ) -> Result<Vec<Executor>, backend::LoadError> {
-    let mut needs: Vec<Requirement> = Vec::new();
+    let mut shares: Vec<Share> = Vec::new();
     for group in &config.instance_group {
         let need: Requirement = group
             .rate_limiter
@@ -549,8 +549,9 @@ fn executors(
             })
             .unwrap_or_default();
         limiter.register(&need).map_err(backend::LoadError::new)?;
-        needs.extend(std::iter::repeat_n(
-            need,
+        let priority = group.rate_limiter.as_ref().map_or(0, |r| r.priority);
+        shares.extend(std::iter::repeat_n(
+            Share::new(need, priority),
             usize::try_from(group.count.max(1)).unwrap_or(1),
         ));
     }
@@ -559,7 +560,7 @@ fn executors(
         .enumerate()
         .map(|(i, instance)| Executor {
             instance,
-            resources: needs.get(i).cloned().unwrap_or_default(),
+            share: shares.get(i).cloned().unwrap_or_default(),
         })
         .collect())
 }

@@ -489,6 +489,67 @@ async fn rate_limiter_serialises_instances_sharing_a_resource() {
     }
 }
 
+/// Triton's instance priority: waiting instances run lowest `executions × priority` first.
+/// After one run each, `low` (priority 5) ranks 5 and `high` (priority 1) ranks 1, so `high` goes
+/// first when the resource frees up, although `low` was waiting longer.
+#[tokio::test]
+async fn rate_limiter_serves_waiting_instances_by_priority() {
+    let group = |priority: u32| {
+        format!(
+            "max_batch_size: 1\ninstance_group [ {{ count: 1 kind: KIND_CPU rate_limiter {{ resources [ {{ name: \"R\" count: 1 }} ] priority: {priority} }} }} ]"
+        )
+    };
+    let repo = temp_dir("rate-limit-priority");
+    slow_echo(&repo, "blocker", &group(1));
+    slow_echo(&repo, "high", &group(1));
+    slow_echo(&repo, "low", &group(5));
+    let s = start(
+        repo,
+        &[
+            "--rate-limit",
+            "execution_count",
+            "--rate-limit-resource",
+            "R:1",
+        ],
+    )
+    .await;
+    for model in ["high", "low"] {
+        let (status, body) = s
+            .post_json(
+                &format!("/v2/models/{model}/infer"),
+                &echo_request(0.0, 0, 0),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let order = arrival_order(
+        &s,
+        vec![
+            (
+                "blocker",
+                "/v2/models/blocker/infer".to_string(),
+                echo_request(0.0, 1000, 0),
+                Then::Started("blocker", 1),
+            ),
+            (
+                "low",
+                "/v2/models/low/infer".to_string(),
+                echo_request(1.0, 300, 0),
+                Then::Queued("low", 1),
+            ),
+            (
+                "high",
+                "/v2/models/high/infer".to_string(),
+                echo_request(2.0, 300, 0),
+                Then::Queued("high", 1),
+            ),
+        ],
+    )
+    .await;
+    let tags: Vec<_> = order.iter().map(|(t, status, _)| (*t, *status)).collect();
+    assert_eq!(tags, [("blocker", 200), ("high", 200), ("low", 200)]);
+}
+
 #[tokio::test]
 async fn warmup_runs_before_ready_and_a_failing_warmup_is_reported() {
     let repo = temp_dir("warmup");

@@ -23,12 +23,12 @@ use crate::metrics::ModelStats;
 
 pub use policy::{BatchPolicy, QueuePolicy, TimeoutAction};
 use queue::{Pending, Queue};
-use rate_limit::{RateLimiter, Requirement};
+use rate_limit::{RateLimiter, Share};
 
-/// An instance and the rate-limiter resources it needs to execute.
+/// An instance and its standing with the rate limiter.
 pub struct Executor {
     pub instance: Box<dyn ModelInstance>,
-    pub resources: Requirement,
+    pub share: Share,
 }
 
 /// Handle to a model version's queue. Dropping it stops the batcher once the queue drains.
@@ -135,6 +135,7 @@ async fn batcher(
         tokio::spawn(run_batch(
             instance,
             batch,
+            queue.clone(),
             idle_tx.clone(),
             stats.clone(),
             limiter.clone(),
@@ -147,12 +148,14 @@ async fn batcher(
 async fn run_batch(
     mut executor: Executor,
     batch: Vec<Pending>,
+    queue: Arc<Queue>,
     idle: mpsc::UnboundedSender<Executor>,
     stats: Arc<ModelStats>,
     limiter: Arc<RateLimiter>,
     ordering: Option<(u64, Arc<queue::Sequencer>)>,
 ) {
-    let permit = limiter.acquire(&executor.resources).await;
+    let permit = limiter.acquire(&mut executor.share).await;
+    queue.started(batch.len());
     let started = Instant::now();
     let mut requests = Vec::with_capacity(batch.len());
     let mut waiters = Vec::with_capacity(batch.len());

@@ -1,7 +1,7 @@
 //! The queue of a model version: one FIFO per priority level, and batch formation.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,8 @@ struct State {
 pub struct Queue {
     state: Mutex<State>,
     notify: Notify,
+    /// Requests in formed batches that have not started yet (waiting for the rate limiter).
+    staged: AtomicUsize,
 }
 
 impl Queue {
@@ -76,6 +78,7 @@ impl Queue {
                 closed: false,
             }),
             notify: Notify::new(),
+            staged: AtomicUsize::new(0),
         }
     }
 
@@ -103,8 +106,15 @@ impl Queue {
         Ok(())
     }
 
+    /// Requests awaiting execution: queued, or batched and waiting for resources.
     pub fn len(&self) -> usize {
-        self.lock().levels.iter().map(VecDeque::len).sum()
+        let queued: usize = self.lock().levels.iter().map(VecDeque::len).sum();
+        queued + self.staged.load(Ordering::Acquire)
+    }
+
+    /// A batch from [`Queue::next_batch`] of `n` requests started executing.
+    pub fn started(&self, n: usize) {
+        self.staged.fetch_sub(n, Ordering::AcqRel);
     }
 
     pub fn close(&self) {
@@ -113,7 +123,8 @@ impl Queue {
     }
 
     /// Waits for the next batch: at least one request, then as many compatible ones as the policy
-    /// allows. `None` once the queue is closed and empty.
+    /// allows. `None` once the queue is closed and empty. Its requests count as pending until
+    /// [`Queue::started`].
     pub async fn next_batch(&self, policy: &BatchPolicy) -> Option<Vec<Pending>> {
         let first = loop {
             let notified = self.notify.notified();
@@ -128,8 +139,15 @@ impl Queue {
             }
             notified.await;
         };
+        let batch = self.gather(first, policy).await;
+        self.staged.fetch_add(batch.len(), Ordering::AcqRel);
+        Some(batch)
+    }
+
+    /// Adds compatible requests to `first` as the policy allows.
+    async fn gather(&self, first: Pending, policy: &BatchPolicy) -> Vec<Pending> {
         let Some(dynamic) = &policy.dynamic else {
-            return Some(vec![first]);
+            return vec![first];
         };
         let max_rows = policy.max_batch_size.max(1);
         let target = dynamic
@@ -156,7 +174,7 @@ impl Queue {
                 _ = sleep_until(flush_at) => {}
             }
         }
-        Some(batch)
+        batch
     }
 }
 

@@ -2,16 +2,48 @@
 //! when the resources its `instance_group.rate_limiter` names are free. Resource totals come
 //! from `--rate-limit-resource NAME:COUNT[:DEVICE]`; a resource not given there gets the largest
 //! count any single instance needs, so every instance can run alone. (This CPU build has one
-//! device; the DEVICE part is accepted and ignored. Instance `priority` is accepted and not yet
-//! used to order waiting instances: waiters are served as resources free up.)
+//! device; the DEVICE part is accepted and ignored.)
+//!
+//! Waiting instances are served in the order Triton uses: lowest `executions × priority` first
+//! (arrival breaks ties), so an instance with `priority: 2` gets half the turns of one with
+//! `priority: 1` when both keep waiting, and `priority: 0` (the default) always goes first. Only
+//! the first waiter may take resources: a large need is never starved by smaller ones that keep
+//! fitting around it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
 /// Resource units one instance needs to execute.
 pub type Requirement = Vec<(String, u32)>;
+
+/// One instance's standing with the rate limiter: what it needs, its `priority` weight and how
+/// often it has run.
+#[derive(Debug, Clone, Default)]
+pub struct Share {
+    pub need: Requirement,
+    pub priority: u32,
+    executions: u64,
+}
+
+impl Share {
+    pub fn new(need: Requirement, priority: u32) -> Share {
+        Share {
+            need,
+            priority,
+            executions: 0,
+        }
+    }
+
+    /// Triton's "scaled priority": the lower, the sooner this instance runs.
+    fn scaled_priority(&self) -> u128 {
+        u128::from(self.executions) * u128::from(self.priority)
+    }
+}
+
+/// Waiting order: scaled priority, then arrival.
+type WaitKey = (u128, u64);
 
 #[derive(Debug, Default)]
 struct Pool {
@@ -21,6 +53,16 @@ struct Pool {
     fixed: HashMap<String, u64>,
     /// Total of each resource (fixed or derived).
     total: HashMap<String, u64>,
+    /// Instances waiting for resources.
+    waiting: BTreeSet<WaitKey>,
+    arrivals: u64,
+}
+
+impl Pool {
+    fn fits(&self, need: &Requirement) -> bool {
+        need.iter()
+            .all(|(name, n)| self.free.get(name).copied().unwrap_or(0) >= u64::from(*n))
+    }
 }
 
 /// The server's rate limiter; disabled means every acquisition succeeds at once.
@@ -28,7 +70,7 @@ struct Pool {
 pub struct RateLimiter {
     enabled: bool,
     pool: Mutex<Pool>,
-    freed: Notify,
+    changed: Notify,
 }
 
 /// Held while a batch executes; returns its resources when dropped.
@@ -47,7 +89,23 @@ impl Drop for Permit {
             *pool.free.entry(name.clone()).or_default() += u64::from(*n);
         }
         drop(pool);
-        self.limiter.freed.notify_waiters();
+        self.limiter.changed.notify_waiters();
+    }
+}
+
+/// Removes a waiter that gave up (its task was dropped) so that it does not block the line.
+struct InLine<'a> {
+    limiter: &'a RateLimiter,
+    key: WaitKey,
+    served: bool,
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        if !self.served {
+            self.limiter.lock().waiting.remove(&self.key);
+            self.limiter.changed.notify_waiters();
+        }
     }
 }
 
@@ -79,7 +137,7 @@ impl RateLimiter {
         RateLimiter {
             enabled,
             pool: Mutex::new(pool),
-            freed: Notify::new(),
+            changed: Notify::new(),
         }
     }
 
@@ -111,34 +169,50 @@ impl RateLimiter {
         Ok(())
     }
 
-    /// Waits until `need` is free and takes it.
-    pub async fn acquire(self: &Arc<Self>, need: &Requirement) -> Permit {
-        if !self.enabled || need.is_empty() {
+    /// Waits for this instance's turn and for its resources, and takes them.
+    pub async fn acquire(self: &Arc<Self>, share: &mut Share) -> Permit {
+        if !self.enabled || share.need.is_empty() {
             return Permit {
                 limiter: self.clone(),
                 taken: Vec::new(),
             };
         }
+        let key = {
+            let mut pool = self.lock();
+            pool.arrivals += 1;
+            let key = (share.scaled_priority(), pool.arrivals);
+            pool.waiting.insert(key);
+            key
+        };
+        let mut in_line = InLine {
+            limiter: self,
+            key,
+            served: false,
+        };
         loop {
-            let freed = self.freed.notified();
+            let changed = self.changed.notified();
             {
                 let mut pool = self.lock();
-                if need
-                    .iter()
-                    .all(|(name, n)| pool.free.get(name).copied().unwrap_or(0) >= u64::from(*n))
-                {
-                    for (name, n) in need {
+                let first = pool.waiting.first() == Some(&key);
+                if first && pool.fits(&share.need) {
+                    pool.waiting.remove(&key);
+                    for (name, n) in &share.need {
                         if let Some(free) = pool.free.get_mut(name) {
                             *free -= u64::from(*n);
                         }
                     }
+                    in_line.served = true;
+                    share.executions += 1;
+                    drop(pool);
+                    // The next in line may fit in what is left.
+                    self.changed.notify_waiters();
                     return Permit {
                         limiter: self.clone(),
-                        taken: need.clone(),
+                        taken: share.need.clone(),
                     };
                 }
             }
-            freed.await;
+            changed.await;
         }
     }
 }
@@ -146,6 +220,13 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+
+    /// Polls once; the tests poll again themselves after changing the pool.
+    fn poll<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+        future.poll(&mut Context::from_waker(Waker::noop()))
+    }
 
     #[test]
     fn parses_resource_specs() {
@@ -160,15 +241,62 @@ mod tests {
         let limiter = Arc::new(RateLimiter::new(true, &[("R".into(), 1)]));
         let need: Requirement = vec![("R".into(), 1)];
         limiter.register(&need).expect("fits");
-        let first = limiter.acquire(&need).await;
-        let waiting = limiter.acquire(&need);
+        let (mut a, mut b) = (Share::new(need.clone(), 0), Share::new(need, 0));
+        let first = limiter.acquire(&mut a).await;
+        let waiting = limiter.acquire(&mut b);
         tokio::pin!(waiting);
-        assert!(
-            futures::FutureExt::now_or_never(waiting.as_mut()).is_none(),
-            "R is taken"
-        );
+        assert!(poll(waiting.as_mut()).is_pending(), "R is taken");
         drop(first);
         let _second = waiting.await;
+    }
+
+    /// Two instances keep asking for the one unit of R, the `priority: 3` one always first:
+    /// the `priority: 1` one gets three turns for each of its.
+    #[tokio::test]
+    async fn turns_follow_executions_times_priority() {
+        let limiter = Arc::new(RateLimiter::new(true, &[("R".into(), 1)]));
+        let need: Requirement = vec![("R".into(), 1)];
+        let mut holder = Share::new(need.clone(), 0);
+        let mut weighted = Share::new(need.clone(), 3);
+        let mut favoured = Share::new(need, 1);
+        let mut turns = String::new();
+        for _ in 0..9 {
+            let held = limiter.acquire(&mut holder).await;
+            let w = limiter.acquire(&mut weighted);
+            let f = limiter.acquire(&mut favoured);
+            tokio::pin!(w, f);
+            assert!(poll(w.as_mut()).is_pending());
+            assert!(poll(f.as_mut()).is_pending());
+            drop(held);
+            match (poll(w.as_mut()), poll(f.as_mut())) {
+                (Poll::Ready(_), Poll::Pending) => turns.push('w'),
+                (Poll::Pending, Poll::Ready(_)) => turns.push('f'),
+                _ => panic!("exactly one waiter must get R"),
+            }
+        }
+        assert_eq!(turns, "wfffwfffw");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_leaves_the_line() {
+        let limiter = Arc::new(RateLimiter::new(true, &[("R".into(), 1)]));
+        let need: Requirement = vec![("R".into(), 1)];
+        let (mut a, mut b, mut c) = (
+            Share::new(need.clone(), 0),
+            Share::new(need.clone(), 0),
+            Share::new(need, 0),
+        );
+        let held = limiter.acquire(&mut a).await;
+        {
+            let quitter = limiter.acquire(&mut b);
+            tokio::pin!(quitter);
+            assert!(poll(quitter.as_mut()).is_pending());
+        }
+        let next = limiter.acquire(&mut c);
+        tokio::pin!(next);
+        assert!(poll(next.as_mut()).is_pending());
+        drop(held);
+        assert!(poll(next.as_mut()).is_ready(), "nobody ahead any more");
     }
 
     #[test]
