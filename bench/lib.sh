@@ -42,6 +42,9 @@ bench_init() {
   RESULTS="$(cd "$RESULTS" && pwd)"
   export OUT_DIR="$RESULTS/raw"
   mkdir -p "$OUT_DIR"
+  # perf_analyzer's own CPU time goes to $OUT_DIR/client_cpu.tsv (bench/timed_perf_analyzer.sh).
+  export REAL_PERF_ANALYZER="${PERF_ANALYZER:-$PEER/perf_analyzer.sh}"
+  export PERF_ANALYZER="$ROOT/bench/timed_perf_analyzer.sh"
   BENCH_TMP="$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench.XXXXXX")"
   trap bench_cleanup EXIT
   trap 'exit 130' INT TERM
@@ -194,16 +197,17 @@ run_load() {
   LABEL="$label" SERVER_PID="$pid" "$PEER/v2_load.sh" "127.0.0.1:$port" "$PROTO" "$model" "$CONCS" "$@" >&2
 }
 
-# repo_variant SRC DEST MODEL DELAY_US: copies model repository SRC to DEST; MODEL's config.pbtxt
-# gains dynamic_batching { max_queue_delay_microseconds: DELAY_US } (replacing any it had), and
-# relative "*_path" parameters are made absolute (they are resolved from the model's folder).
+# repo_variant SRC DEST MODEL DELAY_US [COUNT]: copies model repository SRC to DEST; MODEL's
+# config.pbtxt gains dynamic_batching { max_queue_delay_microseconds: DELAY_US } (replacing any it
+# had; DELAY_US "keep" leaves batching as it is) and, with COUNT, its instance_group count becomes
+# COUNT. Relative "*_path" parameters are made absolute (they are resolved from the model's folder).
 repo_variant() {
-  local src="$1" dest="$2" model="$3" delay="$4"
+  local src="$1" dest="$2" model="$3" delay="$4" count="${5:-}"
   rm -rf "$dest"
   cp -a "$src" "$dest"
-  python3 - "$src" "$dest" "$model" "$delay" <<'PY'
+  python3 - "$src" "$dest" "$model" "$delay" "$count" <<'PY'
 import os, re, sys
-src, dest, model, delay = sys.argv[1:]
+src, dest, model, delay, count = sys.argv[1:]
 for name in sorted(os.listdir(dest)):
     path = os.path.join(dest, name, "config.pbtxt")
     if not os.path.isfile(path):
@@ -215,10 +219,14 @@ for name in sorted(os.listdir(dest)):
             return m.group(0)
         return m.group(1) + os.path.normpath(os.path.join(src, name, value)) + m.group(3)
     text = re.sub(r'(key:\s*"[A-Za-z0-9_]*_path"\s*value\s*\{\s*string_value:\s*")([^"]*)(")', absolute, text)
-    if name == model:
+    if name == model and delay != "keep":
         # drop an existing dynamic_batching block (no nested braces in it), then add ours
         text = re.sub(r"\ndynamic_batching\s*\{[^{}]*\}\s*", "\n", text)
         text = text.rstrip("\n") + f"\ndynamic_batching {{\n  max_queue_delay_microseconds: {int(delay)}\n}}\n"
+    if name == model and count:
+        text, n = re.subn(r"(instance_group[^\]]*?\bcount:\s*)\d+", r"\g<1>" + str(int(count)), text, count=1)
+        if n != 1:
+            sys.exit(f"{path}: no instance_group count to set")
     open(path, "w").write(text)
 PY
 }

@@ -29,6 +29,8 @@
 #    Raw output, logs and report.md: bench/results/<time>-pipeline_vs_triton/
 #
 # Env: CONCS (1,4,16)  REPS (1)  MAX_QUEUE_DELAY_US (2000)  SERVERS ("tessera triton")
+#      MINILM_INSTANCES (1; e.g. 2 gives minilm two instances on both servers, each with one
+#      intra-op thread: one per core on this machine)
 #      BATCHING (0; 1 = same as --batching, "only" = the batched variant alone)
 #      MEASUREMENT_MS (3000) STABILITY (50) MAX_TRIALS (10)  PROTO (http)  SKIP_BUILD (0)
 #      TESSERA_BIN  SHARED  RESULTS  ports: see bench/lib.sh
@@ -55,10 +57,11 @@ CONCS="${CONCS:-1,4,16}"
 REPS="${REPS:-1}"
 SERVERS="${SERVERS:-tessera triton}"
 DELAY="${MAX_QUEUE_DELAY_US:-2000}"
+INSTANCES="${MINILM_INSTANCES:-1}"
 DATA="$ROOT/bench/perf_data/embed_text.json"
 [ -f "$DATA" ] || die "missing $DATA"
 bench_init pipeline_vs_triton
-echo "concurrency: $CONCS  reps: $REPS  servers: $SERVERS  variants: $VARIANTS (max_queue_delay_microseconds $DELAY)" >> "$RESULTS/env.txt"
+echo "concurrency: $CONCS  reps: $REPS  servers: $SERVERS  variants: $VARIANTS (max_queue_delay_microseconds $DELAY)  minilm instances: $INSTANCES" >> "$RESULTS/env.txt"
 
 has() { [[ " $SERVERS " == *" $1 "* ]]; }
 has tessera && tessera_prepare
@@ -72,6 +75,11 @@ TR_REPO="$ROOT/bench/triton_models"
 wasm_steps() { local m; for m in $(steps "$1"); do if grep -q 'backend:[[:space:]]*"wasm"' "$1/$m/config.pbtxt"; then echo "$m"; fi; done; }
 # shellcheck disable=SC2046
 if has tessera; then need_wasm "$T_REPO" $(wasm_steps "$T_REPO"); fi
+if [ "$INSTANCES" != 1 ]; then
+  has tessera && repo_variant "$T_REPO" "$BENCH_TMP/tessera_repo" minilm keep "$INSTANCES"
+  has triton && repo_variant "$TR_REPO" "$BENCH_TMP/triton_repo" minilm keep "$INSTANCES"
+  T_REPO="$BENCH_TMP/tessera_repo"; TR_REPO="$BENCH_TMP/triton_repo"
+fi
 if [[ " $VARIANTS " == *" batched "* ]]; then
   has tessera && repo_variant "$T_REPO" "$BENCH_TMP/tessera_repo_batched" minilm "$DELAY"
   has triton && repo_variant "$TR_REPO" "$BENCH_TMP/triton_repo_batched" minilm "$DELAY"

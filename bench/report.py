@@ -7,10 +7,13 @@
 
 Rows are grouped by (label, model, concurrency); with several repetitions the median of each
 column is shown. "~" = perf_analyzer could not stabilise in at least one repetition (3 windows
-averaged). "CPU µs/inf" = server CPU time (process tree, all cores) per inference.
+averaged). "CPU µs/inf" = server CPU time (process tree, all cores) per inference. "client CPU %"
+= perf_analyzer's own CPU time over its run (client_cpu.tsv beside SUMMARY.tsv, written by
+bench/timed_perf_analyzer.sh), in % of one core; "client µs/inf" = that per inference.
 Ratios: infer/s above 1 and latency / CPU below 1 favour the first-named side.
 """
 import csv
+import os
 import statistics
 import sys
 from collections import OrderedDict
@@ -23,7 +26,24 @@ def num(v):
         return None
 
 
+def load_client(path):
+    """(label, model, conc) -> perf_analyzer CPU in % of one core (median over runs)."""
+    runs = {}
+    try:
+        f = open(path)
+    except FileNotFoundError:
+        return {}
+    with f:
+        for r in csv.DictReader(f, delimiter="\t"):
+            user, sys_, wall = num(r["user_s"]), num(r["sys_s"]), num(r["wall_s"])
+            if None in (user, sys_, wall) or not wall or not r["conc"].isdigit():
+                continue
+            runs.setdefault((r["label"], r["model"], int(r["conc"])), []).append((user + sys_) / wall * 100)
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
 def load(path):
+    client = load_client(os.path.join(os.path.dirname(path), "client_cpu.tsv"))
     groups = OrderedDict()
     try:
         f = open(path)
@@ -44,6 +64,8 @@ def load(path):
              "cpu": med("server_cpu_pct"), "load1": med("load1")}
         # CPU % of one core / (inferences per second) -> CPU µs per inference
         g["cpu_us"] = (g["cpu"] * 1e4 / g["ips"]) if g["cpu"] is not None and g["ips"] else None
+        g["client"] = client.get(key)
+        g["client_us"] = (g["client"] * 1e4 / g["ips"]) if g["client"] is not None and g["ips"] else None
         out[key] = g
     return out
 
@@ -80,8 +102,9 @@ def rows_table(data, series, extra_header, note):
     """series: [(label, model, [extra cells])] -> one row per (series, concurrency)."""
     print(note)
     print()
-    print(f"| {' | '.join(extra_header)} | conc | infer/s | p50 µs | p99 µs | server CPU % | CPU µs/inf | reps |")
-    print("|" + "---|" * len(extra_header) + "---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {' | '.join(extra_header)} | conc | infer/s | p50 µs | p99 µs | server CPU % | CPU µs/inf | "
+          "client CPU % | client µs/inf | reps |")
+    print("|" + "---|" * len(extra_header) + "---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, model, cells in series:
         for c in concs(data):
             g = data.get((label, model, c))
@@ -89,7 +112,7 @@ def rows_table(data, series, extra_header, note):
                 continue
             flag = "~" if g["unstable"] else ""
             print(f"| {' | '.join(cells)} | {c}{flag} | {f0(g['ips'])} | {f0(g['p50'])} | {f0(g['p99'])} | "
-                  f"{f0(g['cpu'])} | {f0(g['cpu_us'])} | {g['reps']} |")
+                  f"{f0(g['cpu'])} | {f0(g['cpu_us'])} | {f0(g['client'])} | {f0(g['client_us'])} | {g['reps']} |")
     print()
 
 

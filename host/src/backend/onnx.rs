@@ -16,7 +16,7 @@
 //! - `inter_op_thread_count` — threads for parallel graph branches. Default 1.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use futures::FutureExt;
@@ -177,9 +177,44 @@ struct Plan {
 }
 
 /// One ONNX Runtime session.
+/// One instance is one session on its own OS thread. A long-lived thread per instance (rather than
+/// whichever blocking-pool thread is free) stays on its core between runs: with one thread per
+/// core, pool threads woken in turn kept landing on a busy core and left the other idle.
 pub struct OnnxInstance {
-    session: Arc<Mutex<Session>>,
-    plan: Arc<Plan>,
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+/// A batch for the instance's thread, and where its result goes.
+struct Job {
+    batch: Vec<InferRequest>,
+    done: tokio::sync::oneshot::Sender<Executed>,
+}
+
+impl OnnxInstance {
+    fn start(mut session: Session, plan: Arc<Plan>, name: String) -> Result<Self, LoadError> {
+        let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                // Ends when the instance is dropped (the model is unloaded).
+                while let Ok(job) = inbox.recv() {
+                    let n = job.batch.len();
+                    let executed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run(&mut session, &plan, &job.batch)
+                    }))
+                    .unwrap_or_else(|_| {
+                        failed(
+                            n,
+                            InferError::internal("ONNX Runtime execution panicked"),
+                            ComputeTiming::default(),
+                        )
+                    });
+                    let _ = job.done.send(executed);
+                }
+            })
+            .map_err(|e| LoadError::new(format!("cannot start an instance thread: {e}")))?;
+        Ok(OnnxInstance { jobs })
+    }
 }
 
 pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
@@ -230,34 +265,30 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
         }
     }
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
-    for _ in 0..super::instance_count(config) {
+    for i in 0..super::instance_count(config) {
         let session = open_session(&path, intra, inter)?;
-        instances.push(Box::new(OnnxInstance {
-            session: Arc::new(Mutex::new(session)),
-            plan: plan.clone(),
-        }));
+        let name = format!("onnx-{}-{i}", ctx.name);
+        instances.push(Box::new(OnnxInstance::start(session, plan.clone(), name)?));
     }
     Ok(instances)
 }
 
 impl ModelInstance for OnnxInstance {
     fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed> {
-        let session = self.session.clone();
-        let plan = self.plan.clone();
         let n = batch.len();
+        let (done, result) = tokio::sync::oneshot::channel();
+        let sent = self.jobs.send(Job { batch, done });
         async move {
-            let joined = tokio::task::spawn_blocking(move || {
-                let mut session = session.lock().unwrap_or_else(|p| p.into_inner());
-                run(&mut session, &plan, &batch)
-            })
-            .await;
-            match joined {
-                Ok(executed) => executed,
-                Err(e) => failed(
+            let lost = || {
+                failed(
                     n,
-                    InferError::internal(format!("ONNX Runtime execution panicked: {e}")),
+                    InferError::internal("the ONNX Runtime instance thread stopped"),
                     ComputeTiming::default(),
-                ),
+                )
+            };
+            match sent {
+                Ok(()) => result.await.unwrap_or_else(|_| lost()),
+                Err(_) => lost(),
             }
         }
         .boxed()
