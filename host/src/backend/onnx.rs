@@ -4,8 +4,9 @@
 //! the `onnxruntime` PyPI wheel and is found through `--onnxruntime-library` or `ORT_DYLIB_PATH`;
 //! without it ONNX models are UNAVAILABLE with instructions, and everything else serves.
 //!
-//! A batch is executed as one ONNX Runtime run: the requests' inputs are concatenated along the
-//! batch dimension, and each output is split back by the requests' row counts.
+//! Each instance is one session on its own thread. A batch is executed as one ONNX Runtime run:
+//! the requests' inputs are concatenated along the batch dimension, and each output is split
+//! back by the requests' row counts.
 //!
 //! Datatypes: every KServe datatype but FP16 (which needs ONNX Runtime's half-precision tensors,
 //! not wired up yet: an FP16 input is refused with a 400).
