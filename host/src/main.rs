@@ -75,6 +75,10 @@ struct ServeArgs {
     /// Serve Prometheus metrics on --metrics-port.
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     allow_metrics: bool,
+    /// Metrics settings, `KEY=VALUE`; repeatable. Supported: `summary_latencies=true|false`
+    /// (Triton's latency summaries, quantiles 0.5/0.9/0.95/0.99 over the last minute; default false).
+    #[arg(long, value_parser = parse_metrics_config)]
+    metrics_config: Vec<(String, bool)>,
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     http_max_input_size: usize,
@@ -117,6 +121,22 @@ fn server_options(args: &RepositoryArgs, strict_readiness: bool) -> ServerOption
         rate_limit: args.rate_limit == "execution_count",
         rate_limit_resources: args.rate_limit_resource.clone(),
     }
+}
+
+/// Parses `--metrics-config KEY=VALUE`.
+fn parse_metrics_config(spec: &str) -> Result<(String, bool), String> {
+    let (key, value) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("'{spec}': expected KEY=VALUE"))?;
+    if key != "summary_latencies" {
+        return Err(format!(
+            "'{key}': unsupported metrics setting (supported: summary_latencies)"
+        ));
+    }
+    let on = value
+        .parse::<bool>()
+        .map_err(|_| format!("'{spec}': the value must be true or false"))?;
+    Ok((key.to_owned(), on))
 }
 
 fn default_cache_dir() -> Option<PathBuf> {
@@ -213,7 +233,13 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             "Prometheus metrics on {}/metrics",
             metrics_listener.local_addr()?
         );
-        let metrics_app = tessera::protocol::http::metrics_router(server.clone());
+        let summaries = serve
+            .metrics_config
+            .iter()
+            .rev()
+            .find(|(key, _)| key == "summary_latencies")
+            .is_some_and(|(_, on)| *on);
+        let metrics_app = tessera::protocol::http::metrics_router(server.clone(), summaries);
         tokio::spawn(async move {
             if let Err(e) = axum::serve(metrics_listener, metrics_app).await {
                 tracing::error!("metrics server failed: {e}");

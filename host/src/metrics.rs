@@ -3,13 +3,19 @@
 //! and the same numbers as Prometheus text on `--metrics-port` (`/metrics`), under Triton's metric
 //! names and labels, plus Tessera's own `tessera_*` metrics about Wasm guests.
 //!
+//! With `--metrics-config summary_latencies=true` the exposition also has Triton's latency
+//! summaries (`nv_inference_request_summary_us`, ...): quantiles 0.5, 0.9, 0.95 and 0.99 over
+//! the last 60 seconds (at most the last 8,192 observations of each), with `_sum` and `_count`
+//! over the whole lifetime. Compute summaries observe executions (a batch counts once), requests
+//! and queue summaries observe requests.
+//!
 //! The exposition is written here rather than with a metrics crate: the Prometheus client crates
 //! append `_total` to counter names, and Triton's names (`nv_inference_request_success`, ...)
 //! must stay exactly as dashboards and alerts already know them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
@@ -60,15 +66,98 @@ pub struct StatsSnapshot {
     pub batch: BTreeMap<usize, BatchTally>,
 }
 
+/// Quantiles the latency summaries report (Triton's defaults).
+pub const SUMMARY_QUANTILES: [f64; 4] = [0.5, 0.9, 0.95, 0.99];
+/// How far back the summaries look, and how many observations they keep at most.
+const WINDOW_AGE: Duration = Duration::from_secs(60);
+const WINDOW_LEN: usize = 8192;
+
+/// Recent observations of one duration, for quantiles.
+#[derive(Debug, Default)]
+struct Window(VecDeque<(Instant, u64)>);
+
+impl Window {
+    fn push(&mut self, at: Instant, d: Duration) {
+        if self.0.len() == WINDOW_LEN {
+            self.0.pop_front();
+        }
+        self.0
+            .push_back((at, u64::try_from(d.as_micros()).unwrap_or(u64::MAX)));
+    }
+
+    /// Nearest-rank quantiles (µs) of the observations younger than [`WINDOW_AGE`]; `None` if
+    /// there are none.
+    fn quantiles(&self, now: Instant) -> Option<[u64; SUMMARY_QUANTILES.len()]> {
+        let mut recent: Vec<u64> = self
+            .0
+            .iter()
+            .filter(|(at, _)| now.saturating_duration_since(*at) <= WINDOW_AGE)
+            .map(|(_, us)| *us)
+            .collect();
+        if recent.is_empty() {
+            return None;
+        }
+        recent.sort_unstable();
+        let n = recent.len();
+        Some(SUMMARY_QUANTILES.map(|q| {
+            let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+            recent[rank - 1]
+        }))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Windows {
+    request: Window,
+    queue: Window,
+    compute_input: Window,
+    compute_infer: Window,
+    compute_output: Window,
+}
+
+/// Recent latency quantiles (µs, in the order of [`SUMMARY_QUANTILES`]) of one model version.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencyQuantiles {
+    pub request: Option<[u64; SUMMARY_QUANTILES.len()]>,
+    pub queue: Option<[u64; SUMMARY_QUANTILES.len()]>,
+    pub compute_input: Option<[u64; SUMMARY_QUANTILES.len()]>,
+    pub compute_infer: Option<[u64; SUMMARY_QUANTILES.len()]>,
+    pub compute_output: Option<[u64; SUMMARY_QUANTILES.len()]>,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    stats: StatsSnapshot,
+    windows: Windows,
+}
+
 /// Live statistics of one model version.
 #[derive(Debug, Default)]
 pub struct ModelStats {
-    inner: Mutex<StatsSnapshot>,
+    inner: Mutex<Live>,
 }
 
 impl ModelStats {
     fn with<R>(&self, f: impl FnOnce(&mut StatsSnapshot) -> R) -> R {
-        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+        f(&mut self.live().stats)
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Recent latency quantiles, for the summaries of the exposition.
+    pub fn quantiles(&self) -> LatencyQuantiles {
+        let now = Instant::now();
+        let live = self.live();
+        let w = &live.windows;
+        LatencyQuantiles {
+            request: w.request.quantiles(now),
+            queue: w.queue.quantiles(now),
+            compute_input: w.compute_input.quantiles(now),
+            compute_infer: w.compute_infer.quantiles(now),
+            compute_output: w.compute_output.quantiles(now),
+        }
     }
 
     /// A request finished (successfully or not) after `total` since it arrived.
@@ -76,23 +165,33 @@ impl ModelStats {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        self.with(|s| {
-            s.last_inference_ms = now_ms;
-            if ok {
-                s.success.add(total)
-            } else {
-                s.fail.add(total)
-            }
-        });
+        let mut live = self.live();
+        live.windows.request.push(Instant::now(), total);
+        let s = &mut live.stats;
+        s.last_inference_ms = now_ms;
+        if ok {
+            s.success.add(total)
+        } else {
+            s.fail.add(total)
+        }
     }
 
     /// A request waited `waited` in the queue.
     pub fn record_queue(&self, waited: Duration) {
-        self.with(|s| s.queue.add(waited));
+        let mut live = self.live();
+        live.windows.queue.push(Instant::now(), waited);
+        live.stats.queue.add(waited);
     }
 
     /// A batch of `rows` executed.
     pub fn record_execution(&self, rows: usize, timing: ComputeTiming) {
+        {
+            let now = Instant::now();
+            let w = &mut self.live().windows;
+            w.compute_input.push(now, timing.input);
+            w.compute_infer.push(now, timing.infer);
+            w.compute_output.push(now, timing.output);
+        }
         self.with(|s| {
             s.execution_count += 1;
             s.inference_count += rows as u64;
@@ -148,6 +247,8 @@ pub struct ModelMetrics<'a> {
     pub version: i64,
     pub stats: StatsSnapshot,
     pub pending: usize,
+    /// Present when latency summaries are on (`--metrics-config summary_latencies=true`).
+    pub quantiles: Option<LatencyQuantiles>,
 }
 
 /// Batch sizes that bound the batch-size histogram's buckets.
@@ -155,6 +256,69 @@ const BATCH_BUCKETS: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
 fn us(ns: u64) -> u64 {
     ns / 1000
+}
+
+/// Triton's latency summaries, for the models that have quantiles.
+fn render_summaries(out: &mut String, models: &[ModelMetrics<'_>]) {
+    use std::fmt::Write;
+    type Quantiles = Option<[u64; SUMMARY_QUANTILES.len()]>;
+    type Pick = fn(&ModelMetrics<'_>, &LatencyQuantiles) -> (Quantiles, Tally);
+    let families: [(&str, &str, Pick); 5] = [
+        (
+            "nv_inference_request_summary_us",
+            "Summary of inference request duration in microseconds",
+            |m, q| {
+                let s = &m.stats;
+                let total = Tally {
+                    count: s.success.count + s.fail.count,
+                    ns: s.success.ns + s.fail.ns,
+                };
+                (q.request, total)
+            },
+        ),
+        (
+            "nv_inference_queue_summary_us",
+            "Summary of inference queuing duration in microseconds",
+            |m, q| (q.queue, m.stats.queue),
+        ),
+        (
+            "nv_inference_compute_input_summary_us",
+            "Summary of compute input duration in microseconds, per execution",
+            |m, q| (q.compute_input, m.stats.compute_input),
+        ),
+        (
+            "nv_inference_compute_infer_summary_us",
+            "Summary of compute inference duration in microseconds, per execution",
+            |m, q| (q.compute_infer, m.stats.compute_infer),
+        ),
+        (
+            "nv_inference_compute_output_summary_us",
+            "Summary of compute output duration in microseconds, per execution",
+            |m, q| (q.compute_output, m.stats.compute_output),
+        ),
+    ];
+    if models.iter().all(|m| m.quantiles.is_none()) {
+        return;
+    }
+    for (name, help, pick) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+        for m in models {
+            let Some(q) = &m.quantiles else { continue };
+            let (values, total) = pick(m, q);
+            let labels = format!("model=\"{}\",version=\"{}\"", m.name, m.version);
+            if let Some(values) = values {
+                for (quantile, value) in SUMMARY_QUANTILES.iter().zip(values) {
+                    let _ = writeln!(out, "{name}{{{labels},quantile=\"{quantile}\"}} {value}");
+                }
+            }
+            let _ = writeln!(
+                out,
+                "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}",
+                us(total.ns),
+                total.count
+            );
+        }
+    }
 }
 
 /// Renders Prometheus text format (version 0.0.4).
@@ -271,6 +435,7 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], wasm: &[(&str, &str, &str,
             "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {total}"
         );
     }
+    render_summaries(&mut out, models);
     for (name, kind, help, value) in wasm {
         let _ = writeln!(
             out,
@@ -278,4 +443,37 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], wasm: &[(&str, &str, &str,
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank_over_recent_observations() {
+        let mut w = Window::default();
+        let now = Instant::now();
+        assert_eq!(w.quantiles(now), None);
+        for us in 1..=100u64 {
+            w.push(now, Duration::from_micros(us));
+        }
+        assert_eq!(w.quantiles(now), Some([50, 90, 95, 99]));
+        // Observations older than the window no longer count.
+        let later = now + WINDOW_AGE + Duration::from_secs(1);
+        w.push(later, Duration::from_micros(7));
+        assert_eq!(w.quantiles(later), Some([7, 7, 7, 7]));
+    }
+
+    #[test]
+    fn the_window_keeps_the_latest_observations() {
+        let mut w = Window::default();
+        let now = Instant::now();
+        for _ in 0..WINDOW_LEN {
+            w.push(now, Duration::from_micros(1));
+        }
+        w.push(now, Duration::from_micros(1000));
+        assert_eq!(w.0.len(), WINDOW_LEN);
+        assert_eq!(w.quantiles(now).map(|q| q[3]), Some(1));
+        assert_eq!(w.0.back().map(|(_, us)| *us), Some(1000));
+    }
 }

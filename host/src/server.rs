@@ -82,8 +82,8 @@ impl Server {
         target.infer(request).await
     }
 
-    /// Prometheus text for `/metrics`.
-    pub fn metrics_text(&self) -> String {
+    /// Prometheus text for `/metrics`, with latency summaries when `summaries` is set.
+    pub fn metrics_text(&self, summaries: bool) -> String {
         let versions = self.repository.ready_versions();
         let models: Vec<crate::metrics::ModelMetrics<'_>> = versions
             .iter()
@@ -92,6 +92,7 @@ impl Server {
                 version: m.version,
                 stats: m.stats.snapshot(),
                 pending: m.pending_count(),
+                quantiles: summaries.then(|| m.stats.quantiles()),
             })
             .collect();
         crate::metrics::render_prometheus(&models, &self.wasm.counters.rows())

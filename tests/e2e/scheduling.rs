@@ -550,6 +550,54 @@ async fn rate_limiter_serves_waiting_instances_by_priority() {
     assert_eq!(tags, [("blocker", 200), ("high", 200), ("low", 200)]);
 }
 
+/// `--metrics-config summary_latencies=true` adds Triton's latency summaries; off by default.
+#[tokio::test]
+async fn latency_summaries_report_recent_quantiles() {
+    let repo = temp_dir("summaries");
+    slow_echo(&repo, "timed", "max_batch_size: 1");
+    let plain = start(repo.clone(), &[]).await;
+    let (status, body) = plain
+        .post_json("/v2/models/timed/infer", &echo_request(0.0, 0, 0))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !plain.metrics().await.contains("_summary_us"),
+        "summaries are off by default"
+    );
+    drop(plain);
+
+    let s = start(repo, &["--metrics-config", "summary_latencies=true"]).await;
+    for delay_ms in [0, 60, 60, 60] {
+        let (status, body) = s
+            .post_json("/v2/models/timed/infer", &echo_request(1.0, delay_ms, 0))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let text = s.metrics().await;
+    let value = |family: &str, quantile: &str| -> u64 {
+        let prefix = format!("{family}{{model=\"timed\",version=\"1\",quantile=\"{quantile}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+    };
+    // Three of four executions took at least 60 ms: the median and above do, the fastest did not.
+    let infer =
+        [0.5, 0.9, 0.99].map(|q| value("nv_inference_compute_infer_summary_us", &q.to_string()));
+    assert!(infer.iter().all(|&us| us >= 60_000), "{infer:?}");
+    assert!(value("nv_inference_request_summary_us", "0.5") >= 60_000);
+    assert!(
+        text.contains(
+            "nv_inference_compute_infer_summary_us_count{model=\"timed\",version=\"1\"} 4\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("nv_inference_request_summary_us_count{model=\"timed\",version=\"1\"} 4\n"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn warmup_runs_before_ready_and_a_failing_warmup_is_reported() {
     let repo = temp_dir("warmup");

@@ -71,14 +71,16 @@ pub fn router(server: Arc<Server>, max_body: usize) -> Router {
 }
 
 /// The metrics endpoint, served on `--metrics-port`.
-pub fn metrics_router(server: Arc<Server>) -> Router {
+/// `/metrics`; `summary_latencies` adds Triton's latency summaries (`--metrics-config
+/// summary_latencies=true`).
+pub fn metrics_router(server: Arc<Server>, summary_latencies: bool) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .with_state(server)
+        .with_state((server, summary_latencies))
 }
 
-async fn metrics(State(server): State<Arc<Server>>) -> Response {
-    let mut r = Response::new(Body::from(server.metrics_text()));
+async fn metrics(State((server, summaries)): State<(Arc<Server>, bool)>) -> Response {
+    let mut r = Response::new(Body::from(server.metrics_text(summaries)));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
