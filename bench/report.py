@@ -26,33 +26,32 @@ def num(v):
         return None
 
 
+def tsv_rows(path):
+    """The rows of a tab-separated file with a header; none if the file does not exist."""
+    try:
+        with open(path) as f:
+            yield from csv.DictReader(f, delimiter="\t")
+    except FileNotFoundError:
+        return
+
+
 def load_client(path):
     """(label, model, conc) -> perf_analyzer CPU in % of one core (median over runs)."""
     runs = {}
-    try:
-        f = open(path)
-    except FileNotFoundError:
-        return {}
-    with f:
-        for r in csv.DictReader(f, delimiter="\t"):
-            user, sys_, wall = num(r["user_s"]), num(r["sys_s"]), num(r["wall_s"])
-            if None in (user, sys_, wall) or not wall or not r["conc"].isdigit():
-                continue
-            runs.setdefault((r["label"], r["model"], int(r["conc"])), []).append((user + sys_) / wall * 100)
+    for r in tsv_rows(path):
+        user, sys_, wall = num(r["user_s"]), num(r["sys_s"]), num(r["wall_s"])
+        if None in (user, sys_, wall) or not wall or not r["conc"].isdigit():
+            continue
+        runs.setdefault((r["label"], r["model"], int(r["conc"])), []).append((user + sys_) / wall * 100)
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
 def load(path):
     client = load_client(os.path.join(os.path.dirname(path), "client_cpu.tsv"))
     groups = OrderedDict()
-    try:
-        f = open(path)
-    except FileNotFoundError:
-        return {}
-    with f:
-        for r in csv.DictReader(f, delimiter="\t"):
-            key = (r["label"], r["model"], int(r["conc"].rstrip("~")))
-            groups.setdefault(key, []).append(r)
+    for r in tsv_rows(path):
+        key = (r["label"], r["model"], int(r["conc"].rstrip("~")))
+        groups.setdefault(key, []).append(r)
     out = {}
     for key, rs in groups.items():
         def med(col):
