@@ -138,10 +138,6 @@ pub struct ModelStats {
 }
 
 impl ModelStats {
-    fn with<R>(&self, f: impl FnOnce(&mut StatsSnapshot) -> R) -> R {
-        f(&mut self.live().stats)
-    }
-
     fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -185,28 +181,26 @@ impl ModelStats {
 
     /// A batch of `rows` executed.
     pub fn record_execution(&self, rows: usize, timing: ComputeTiming) {
-        {
-            let now = Instant::now();
-            let w = &mut self.live().windows;
-            w.compute_input.push(now, timing.input);
-            w.compute_infer.push(now, timing.infer);
-            w.compute_output.push(now, timing.output);
-        }
-        self.with(|s| {
-            s.execution_count += 1;
-            s.inference_count += rows as u64;
-            s.compute_input.add(timing.input);
-            s.compute_infer.add(timing.infer);
-            s.compute_output.add(timing.output);
-            let b = s.batch.entry(rows).or_default();
-            b.compute_input.add(timing.input);
-            b.compute_infer.add(timing.infer);
-            b.compute_output.add(timing.output);
-        });
+        let now = Instant::now();
+        let mut live = self.live();
+        let w = &mut live.windows;
+        w.compute_input.push(now, timing.input);
+        w.compute_infer.push(now, timing.infer);
+        w.compute_output.push(now, timing.output);
+        let s = &mut live.stats;
+        s.execution_count += 1;
+        s.inference_count += rows as u64;
+        s.compute_input.add(timing.input);
+        s.compute_infer.add(timing.infer);
+        s.compute_output.add(timing.output);
+        let b = s.batch.entry(rows).or_default();
+        b.compute_input.add(timing.input);
+        b.compute_infer.add(timing.infer);
+        b.compute_output.add(timing.output);
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        self.with(|s| s.clone())
+        self.live().stats.clone()
     }
 }
 
