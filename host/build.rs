@@ -1,26 +1,12 @@
-//! Build steps that must happen before the server compiles:
-//! 1. Triton's `ModelConfig` schema (`proto/model_config.proto`) becomes Rust types (prost) and an
-//!    embedded descriptor set, so `config.pbtxt` is parsed by a real protobuf text-format parser.
-//! 2. The Wasm guests in `examples/` and `tests/guests/` are built for `wasm32-wasip2` and installed
-//!    as `model.wasm` next to their `config.pbtxt`, so `cargo run`/`cargo test` serve fresh handlers.
+//! The Wasm guests in `examples/` and `tests/guests/` are built for `wasm32-wasip2` and installed
+//! as `model.wasm` next to their `config.pbtxt`, so `cargo run`/`cargo test` serve fresh handlers.
+//! (Triton's `ModelConfig` schema is compiled by `crates/core/build.rs`.)
 
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prost::Message;
-
 fn main() {
-    println!("cargo:rerun-if-changed=proto/model_config.proto");
-    let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR is set by cargo"));
-    let fds =
-        protox::compile(["model_config.proto"], ["proto"]).expect("model_config.proto compiles");
-    std::fs::write(out.join("model_config.bin"), fds.encode_to_vec())
-        .expect("write descriptor set");
-    prost_build::Config::new()
-        .compile_fds(fds)
-        .expect("prost generates the ModelConfig types");
-
     build_guests();
 }
 

@@ -9,13 +9,13 @@
 //! `Server::infer` too, so every request of a model shares one queue and one batcher.
 
 pub mod backend;
-pub mod config;
-pub mod infer;
 pub mod metrics;
 pub mod model;
 pub mod protocol;
 pub mod repository;
 pub mod scheduler;
 pub mod server;
-pub mod tensor;
 pub mod warmup;
+
+// The bottom layer lives in `tessera-core`; these keep its modules at their familiar paths.
+pub use tessera_core::{config, infer, tensor};

@@ -117,7 +117,10 @@ impl ModelVersion {
         result
     }
 
-    async fn run(&self, request: InferRequest) -> InferResult {
+    async fn run(&self, mut request: InferRequest) -> InferResult {
+        // An output asked for twice is answered once, as Triton does.
+        let mut seen = std::collections::HashSet::new();
+        request.outputs.retain(|o| seen.insert(o.name.clone()));
         self.validate(&request)?;
         let requested = request.outputs.clone();
         let id = request.id.clone();

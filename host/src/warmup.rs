@@ -30,12 +30,15 @@ fn request(
             shape.push(i64::from(warmup.batch_size.max(1)));
         }
         shape.extend(&input.dims);
-        let count = element_count(&shape).ok_or_else(|| {
-            format!(
-                "warmup '{}' input '{name}' has invalid dims {:?}",
-                warmup.name, input.dims
-            )
-        })?;
+        let count = element_count(&shape)
+            .ok()
+            .filter(|&n| n.saturating_mul(datatype.size().unwrap_or(1)) <= MAX_WARMUP_INPUT_BYTES)
+            .ok_or_else(|| {
+                format!(
+                    "warmup '{}' input '{name}' has invalid dims {:?} (at most {MAX_WARMUP_INPUT_BYTES} bytes per input)",
+                    warmup.name, input.dims
+                )
+            })?;
         use pb::model_warmup::input::InputDataType;
         let data = match &input.input_data_type {
             Some(InputDataType::InputDataFile(file)) => {
@@ -44,6 +47,13 @@ fn request(
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
                 match datatype.size() {
                     Some(_) => TensorData::Raw(bytes),
+                    None if count.saturating_mul(bytes.len()) > MAX_WARMUP_INPUT_BYTES => {
+                        return Err(format!(
+                            "warmup '{}' input '{name}': {count} copies of {} would exceed {MAX_WARMUP_INPUT_BYTES} bytes",
+                            warmup.name,
+                            path.display()
+                        ));
+                    }
                     None => TensorData::Elements(vec![bytes; count]),
                 }
             }
@@ -58,6 +68,10 @@ fn request(
         ..Default::default()
     })
 }
+
+/// The largest warmup input the server builds: warmup data is generated from declared dims, and
+/// a typo in a config must not make the server allocate without bound.
+const MAX_WARMUP_INPUT_BYTES: usize = 256 << 20;
 
 /// Zeros, or deterministic pseudo-random bytes (a warmup needs variety, not entropy).
 fn filler(datatype: DataType, count: usize, random: bool) -> TensorData {

@@ -4,7 +4,7 @@
 //! - [`http`]: KServe v2 over HTTP/REST.
 
 pub mod http;
-pub mod kserve;
+pub use tessera_core::kserve;
 
 use axum::http::StatusCode;
 

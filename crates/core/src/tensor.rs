@@ -4,83 +4,9 @@
 //! extension, ONNX Runtime and the Wasm guests want them, so a tensor crosses the server without
 //! per-element conversion. `BYTES` tensors keep one byte string per element.
 
-use std::fmt;
-
-/// A KServe v2 datatype.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DataType {
-    Bool,
-    Uint8,
-    Uint16,
-    Uint32,
-    Uint64,
-    Int8,
-    Int16,
-    Int32,
-    Int64,
-    Fp16,
-    Fp32,
-    Fp64,
-    Bytes,
-}
-
-impl DataType {
-    pub const ALL: [DataType; 13] = [
-        DataType::Bool,
-        DataType::Uint8,
-        DataType::Uint16,
-        DataType::Uint32,
-        DataType::Uint64,
-        DataType::Int8,
-        DataType::Int16,
-        DataType::Int32,
-        DataType::Int64,
-        DataType::Fp16,
-        DataType::Fp32,
-        DataType::Fp64,
-        DataType::Bytes,
-    ];
-
-    /// The KServe v2 wire name ("FP32", "BYTES", ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            DataType::Bool => "BOOL",
-            DataType::Uint8 => "UINT8",
-            DataType::Uint16 => "UINT16",
-            DataType::Uint32 => "UINT32",
-            DataType::Uint64 => "UINT64",
-            DataType::Int8 => "INT8",
-            DataType::Int16 => "INT16",
-            DataType::Int32 => "INT32",
-            DataType::Int64 => "INT64",
-            DataType::Fp16 => "FP16",
-            DataType::Fp32 => "FP32",
-            DataType::Fp64 => "FP64",
-            DataType::Bytes => "BYTES",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<DataType> {
-        DataType::ALL.into_iter().find(|d| d.name() == name)
-    }
-
-    /// Bytes per element; `None` for variable-length `BYTES`.
-    pub fn size(self) -> Option<usize> {
-        match self {
-            DataType::Bool | DataType::Uint8 | DataType::Int8 => Some(1),
-            DataType::Uint16 | DataType::Int16 | DataType::Fp16 => Some(2),
-            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => Some(4),
-            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => Some(8),
-            DataType::Bytes => None,
-        }
-    }
-}
-
-impl fmt::Display for DataType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use tessera_abi::{
+    BYTES_ELEMENT_OVERHEAD, DataType, SizeError, byte_size, element_count, shape_byte_size,
+};
 
 /// The elements of a tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,13 +26,6 @@ pub struct Tensor {
     pub data: TensorData,
 }
 
-/// Number of elements of a shape; `None` when a dimension is negative or the product overflows.
-pub fn element_count(shape: &[i64]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |acc, &d| {
-        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-    })
-}
-
 impl Tensor {
     pub fn new(
         name: impl Into<String>,
@@ -122,28 +41,30 @@ impl Tensor {
         }
     }
 
-    /// Number of elements the shape promises.
-    pub fn element_count(&self) -> Option<usize> {
+    /// Number of elements the shape promises, checked.
+    pub fn element_count(&self) -> Result<usize, SizeError> {
         element_count(&self.shape)
     }
 
-    /// Checks that the data holds exactly the elements the shape and datatype promise.
+    /// Checks that the data holds exactly the elements the shape and datatype promise. Every size
+    /// is computed with checked arithmetic: a shape whose byte size overflows is refused.
     pub fn check_consistent(&self) -> Result<(), String> {
-        let count = self.element_count().ok_or_else(|| {
+        let invalid = |e: SizeError| {
             format!(
-                "tensor '{}' has an invalid shape {:?}",
+                "tensor '{}' has an invalid shape {:?}: {e}",
                 self.name, self.shape
             )
-        })?;
-        match (&self.data, self.datatype.size()) {
-            (TensorData::Raw(bytes), Some(size)) => {
-                if bytes.len() != count * size {
+        };
+        let count = self.element_count().map_err(invalid)?;
+        match (&self.data, byte_size(self.datatype, count)) {
+            (TensorData::Raw(bytes), Some(needed)) => {
+                let needed = needed.map_err(invalid)?;
+                if bytes.len() != needed {
                     return Err(format!(
-                        "tensor '{}' of shape {:?} and datatype {} needs {} bytes, got {}",
+                        "tensor '{}' of shape {:?} and datatype {} needs {needed} bytes, got {}",
                         self.name,
                         self.shape,
                         self.datatype,
-                        count * size,
                         bytes.len()
                     ));
                 }
@@ -151,10 +72,9 @@ impl Tensor {
             (TensorData::Elements(items), None) => {
                 if items.len() != count {
                     return Err(format!(
-                        "tensor '{}' of shape {:?} needs {} elements, got {}",
+                        "tensor '{}' of shape {:?} needs {count} elements, got {}",
                         self.name,
                         self.shape,
-                        count,
                         items.len()
                     ));
                 }
@@ -175,6 +95,22 @@ impl Tensor {
             TensorData::Raw(b) => b.len(),
             TensorData::Elements(items) => items.iter().map(Vec::len).sum(),
         }
+    }
+
+    /// Bytes this tensor takes in the binary extension's layout, which is also what it costs
+    /// against an output limit: BYTES elements count their 4-byte length, so many empty elements
+    /// are not free. The name and shape count too. Saturates instead of wrapping.
+    pub fn wire_size(&self) -> usize {
+        let payload = match &self.data {
+            TensorData::Raw(b) => b.len(),
+            TensorData::Elements(items) => items.iter().fold(0usize, |acc, item| {
+                acc.saturating_add(item.len())
+                    .saturating_add(BYTES_ELEMENT_OVERHEAD)
+            }),
+        };
+        payload
+            .saturating_add(self.name.len())
+            .saturating_add(self.shape.len().saturating_mul(8))
     }
 
     /// The elements as `f64`, for classification and JSON output. `None` for BYTES.
@@ -244,16 +180,34 @@ mod tests {
     }
 
     #[test]
-    fn element_count_rejects_negative_and_overflow() {
-        assert_eq!(element_count(&[2, 3]), Some(6));
-        assert_eq!(element_count(&[-1, 3]), None);
-        assert_eq!(element_count(&[i64::MAX, i64::MAX]), None);
+    fn a_shape_whose_byte_size_wraps_is_refused() {
+        // [2^62] FP32 is 2^64 bytes: with wrapping arithmetic it "needs" 0 bytes and an empty
+        // payload passed this check.
+        let t = Tensor::new(
+            "x",
+            DataType::Fp32,
+            vec![1 << 62],
+            TensorData::Raw(Vec::new()),
+        );
+        let e = t.check_consistent().unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+        let t = Tensor::new(
+            "x",
+            DataType::Int64,
+            vec![1 << 31, 1 << 31, 4],
+            TensorData::Raw(Vec::new()),
+        );
+        assert!(t.check_consistent().is_err());
     }
 
     #[test]
-    fn datatype_names_round_trip() {
-        for d in DataType::ALL {
-            assert_eq!(DataType::from_name(d.name()), Some(d));
-        }
+    fn wire_size_counts_bytes_elements() {
+        let t = Tensor::new(
+            "s",
+            DataType::Bytes,
+            vec![3],
+            TensorData::Elements(vec![Vec::new(), Vec::new(), b"ab".to_vec()]),
+        );
+        assert_eq!(t.wire_size(), 3 * 4 + 2 + 1 + 8);
     }
 }

@@ -1,7 +1,7 @@
 //! Model configuration: Triton's `ModelConfig` protobuf, read from `config.pbtxt` (protobuf text
 //! format) and written back as the JSON Triton returns from `GET /v2/models/{m}/config`.
 //!
-//! The schema lives once, in `host/proto/model_config.proto`, with Triton's message and field names
+//! The schema lives once, in `crates/core/proto/model_config.proto`, with Triton's message and field names
 //! and numbers. prost generates the typed structs ([`pb`]); prost-reflect parses the text format
 //! against the same descriptor, so unknown fields are rejected with their line and column.
 

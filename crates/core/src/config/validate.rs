@@ -46,7 +46,7 @@ pub fn validate(config: &ModelConfig) -> Result<(), ConfigError> {
         if let Some(reshape) = reshape
             && !dims.contains(&-1)
             && !reshape.shape.contains(&-1)
-            && element_count(dims) != element_count(&reshape.shape)
+            && element_count(dims).ok() != element_count(&reshape.shape).ok()
         {
             return invalid(format!(
                 "{kind} '{name}': reshape {:?} does not hold the {:?} elements of dims",

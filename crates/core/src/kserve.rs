@@ -1,0 +1,881 @@
+//! The KServe v2 inference request/response bodies: JSON tensors (flat or nested `data`), and the
+//! binary tensor data extension (`Inference-Header-Content-Length`, `binary_data_size`,
+//! `binary_data`, `binary_data_output`), and the classification extension's `class_count`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::infer::{InferError, InferRequest, InferResponse, ParamValue, RequestedOutput};
+use crate::tensor::{DataType, Tensor, TensorData, element_count};
+
+// Decoding never builds a generic `serde_json::Value` tree: each input's `data` is kept as the raw
+// JSON text it occupies in the body (borrowed, not copied) until its datatype is known, then
+// streamed straight into a typed little-endian buffer. Peak memory stays a small multiple of the
+// body (at most 8 bytes per element, and every element takes at least 2 bytes of JSON), and no
+// allocation is ever sized from a declared shape.
+
+#[derive(Deserialize)]
+struct RequestJson<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    parameters: Option<Parameters>,
+    #[serde(borrow)]
+    inputs: Vec<InputJson<'a>>,
+    #[serde(default)]
+    outputs: Option<Vec<OutputJson>>,
+}
+
+#[derive(Deserialize)]
+struct InputJson<'a> {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Option<Parameters>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct OutputJson {
+    name: String,
+    #[serde(default)]
+    parameters: Option<Parameters>,
+}
+
+/// A `parameters` object: KServe v2 parameter values are booleans, numbers or strings.
+#[derive(Default)]
+struct Parameters(BTreeMap<String, ParamValue>);
+
+impl Parameters {
+    fn get(&self, key: &str) -> Option<&ParamValue> {
+        self.0.get(key)
+    }
+}
+
+impl<'de> Deserialize<'de> for Parameters {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ParametersVisitor;
+        impl<'de> Visitor<'de> for ParametersVisitor {
+            type Value = Parameters;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of parameters")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parameters, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value = map.next_value::<ParamJson>()?;
+                    out.insert(key, value.0);
+                }
+                Ok(Parameters(out))
+            }
+        }
+        d.deserialize_map(ParametersVisitor)
+    }
+}
+
+struct ParamJson(ParamValue);
+
+impl<'de> Deserialize<'de> for ParamJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ParamVisitor;
+        impl Visitor<'_> for ParamVisitor {
+            type Value = ParamJson;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a parameter value (boolean, number or string)")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<ParamJson, E> {
+                Ok(ParamJson(ParamValue::Bool(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ParamJson, E> {
+                Ok(ParamJson(ParamValue::Int(v)))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ParamJson, E> {
+                i64::try_from(v)
+                    .map(|v| ParamJson(ParamValue::Int(v)))
+                    .map_err(|_| E::custom(format!("parameter value {v} is out of range")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ParamJson, E> {
+                Ok(ParamJson(ParamValue::Double(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ParamJson, E> {
+                Ok(ParamJson(ParamValue::String(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<ParamJson, E> {
+                Ok(ParamJson(ParamValue::String(v)))
+            }
+        }
+        d.deserialize_any(ParamVisitor)
+    }
+}
+
+fn param_u64(params: Option<&Parameters>, key: &str) -> Result<Option<u64>, InferError> {
+    match params.and_then(|p| p.get(key)) {
+        None => Ok(None),
+        Some(ParamValue::Int(n)) if *n >= 0 => Ok(Some(n.unsigned_abs())),
+        Some(_) => Err(InferError::invalid(format!(
+            "parameter '{key}' must be a non-negative integer"
+        ))),
+    }
+}
+
+fn param_bool(params: Option<&Parameters>, key: &str) -> Result<bool, InferError> {
+    match params.and_then(|p| p.get(key)) {
+        None => Ok(false),
+        Some(ParamValue::Bool(b)) => Ok(*b),
+        Some(_) => Err(InferError::invalid(format!(
+            "parameter '{key}' must be a boolean"
+        ))),
+    }
+}
+
+/// Decodes a request body. `header_length` is the `Inference-Header-Content-Length` header.
+pub fn decode_request(
+    body: &[u8],
+    header_length: Option<usize>,
+) -> Result<InferRequest, InferError> {
+    let (json, mut binary) = match header_length {
+        Some(n) if n > body.len() => {
+            return Err(InferError::invalid(format!(
+                "Inference-Header-Content-Length is {n} but the body has only {} bytes",
+                body.len()
+            )));
+        }
+        Some(n) => body.split_at(n),
+        None => (body, &[][..]),
+    };
+    let parsed: RequestJson = serde_json::from_slice(json)
+        .map_err(|e| InferError::invalid(format!("failed to parse the request JSON: {e}")))?;
+    let params = parsed.parameters.as_ref();
+    let all_binary = param_bool(params, "binary_data_output")?;
+    let mut request = InferRequest {
+        id: parsed.id.unwrap_or_default(),
+        priority: u32::try_from(param_u64(params, "priority")?.unwrap_or(0))
+            .map_err(|_| InferError::invalid("parameter 'priority' is too large"))?,
+        timeout: param_u64(params, "timeout")?
+            .filter(|&t| t > 0)
+            .map(Duration::from_micros),
+        parameters: parsed.parameters.map(|p| p.0).unwrap_or_default(),
+        ..Default::default()
+    };
+    for input in parsed.inputs {
+        let datatype = DataType::from_name(&input.datatype).ok_or_else(|| {
+            InferError::invalid(format!(
+                "input '{}' has unknown datatype '{}'",
+                input.name, input.datatype
+            ))
+        })?;
+        // The declared size is checked before any data is looked at, and never allocated from.
+        let count = element_count(&input.shape).map_err(|e| {
+            InferError::invalid(format!(
+                "input '{}' has an invalid shape {:?}: {e}",
+                input.name, input.shape
+            ))
+        })?;
+        let data = match param_u64(input.parameters.as_ref(), "binary_data_size")? {
+            Some(size) => {
+                let size = usize::try_from(size).unwrap_or(usize::MAX);
+                if size > binary.len() {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' declares binary_data_size {size} but only {} bytes of binary data remain",
+                        input.name,
+                        binary.len()
+                    )));
+                }
+                let (mine, rest) = binary.split_at(size);
+                binary = rest;
+                decode_binary(&input.name, datatype, mine)?
+            }
+            None => {
+                let data = input.data.ok_or_else(|| {
+                    InferError::invalid(format!(
+                        "input '{}' has neither 'data' nor 'binary_data_size'",
+                        input.name
+                    ))
+                })?;
+                decode_json_data(&input.name, datatype, data, count)?
+            }
+        };
+        let tensor = Tensor::new(input.name, datatype, input.shape, data);
+        tensor.check_consistent().map_err(InferError::invalid)?;
+        request.inputs.push(tensor);
+    }
+    if !binary.is_empty() {
+        return Err(InferError::invalid(format!(
+            "{} bytes of binary data follow the JSON header but no input claims them",
+            binary.len()
+        )));
+    }
+    for output in parsed.outputs.unwrap_or_default() {
+        let p = output.parameters.as_ref();
+        request.outputs.push(RequestedOutput {
+            binary: param_bool(p, "binary_data")?
+                || all_binary && p.and_then(|p| p.get("binary_data")).is_none(),
+            // The wire name is "classification" (tritonclient's `class_count` argument).
+            class_count: u32::try_from(
+                param_u64(p, "classification")?
+                    .or(param_u64(p, "class_count")?)
+                    .unwrap_or(0),
+            )
+            .map_err(|_| InferError::invalid("class_count is too large"))?,
+            name: output.name,
+        });
+    }
+    if all_binary && request.outputs.is_empty() {
+        // "all outputs, binary": resolved against the model's outputs by the caller.
+        request
+            .parameters
+            .insert("binary_data_output".into(), ParamValue::Bool(true));
+    }
+    Ok(request)
+}
+
+/// Binary tensor data: raw little-endian elements, or for BYTES 4-byte little-endian lengths
+/// each followed by that many bytes.
+fn decode_binary(name: &str, datatype: DataType, bytes: &[u8]) -> Result<TensorData, InferError> {
+    if datatype != DataType::Bytes {
+        return Ok(TensorData::Raw(bytes.to_vec()));
+    }
+    decode_bytes_elements(bytes)
+        .map(TensorData::Elements)
+        .map_err(|e| InferError::invalid(format!("input '{name}': {e}")))
+}
+
+/// Splits the binary layout of a BYTES tensor (each element a 4-byte little-endian length, then
+/// that many bytes) into its elements.
+pub fn decode_bytes_elements(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let mut items = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let Some((len, tail)) = rest.split_first_chunk::<4>() else {
+            return Err("truncated BYTES element length".into());
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > tail.len() {
+            return Err(format!(
+                "BYTES element of {len} bytes exceeds the {} bytes left",
+                tail.len()
+            ));
+        }
+        let (item, tail) = tail.split_at(len);
+        items.push(item.to_vec());
+        rest = tail;
+    }
+    Ok(items)
+}
+
+/// Encodes BYTES elements in the binary layout that [`decode_bytes_elements`] reads.
+pub fn encode_bytes_elements(items: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        items
+            .iter()
+            .fold(0usize, |n, i| n.saturating_add(i.len() + 4)),
+    );
+    for item in items {
+        // An element over 4 GiB cannot be encoded; the server never builds one (body limits).
+        let len = u32::try_from(item.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&item[..len as usize]);
+    }
+    out
+}
+
+/// Where a JSON input's elements go as they are parsed.
+struct ElementSink<'n> {
+    name: &'n str,
+    datatype: DataType,
+    /// Elements the shape declares; more than this stops the decoder at once.
+    expected: usize,
+    seen: usize,
+    raw: Vec<u8>,
+    elements: Vec<Vec<u8>>,
+}
+
+impl ElementSink<'_> {
+    fn admit<E: de::Error>(&mut self) -> Result<(), E> {
+        self.seen += 1;
+        if self.seen > self.expected {
+            return Err(E::custom(format!(
+                "input '{}': shape holds {} elements but 'data' has more",
+                self.name, self.expected
+            )));
+        }
+        Ok(())
+    }
+
+    fn bad<E: de::Error>(&self, value: impl fmt::Display) -> E {
+        E::custom(format!(
+            "input '{}': {value} is not a valid {} value",
+            self.name, self.datatype
+        ))
+    }
+
+    fn push_int<E: de::Error>(&mut self, v: i128) -> Result<(), E> {
+        self.admit()?;
+        macro_rules! int {
+            ($t:ty) => {
+                self.raw
+                    .extend_from_slice(&<$t>::try_from(v).map_err(|_| self.bad(v))?.to_le_bytes())
+            };
+        }
+        match self.datatype {
+            DataType::Uint8 => int!(u8),
+            DataType::Uint16 => int!(u16),
+            DataType::Uint32 => int!(u32),
+            DataType::Uint64 => int!(u64),
+            DataType::Int8 => int!(i8),
+            DataType::Int16 => int!(i16),
+            DataType::Int32 => int!(i32),
+            DataType::Int64 => int!(i64),
+            // Integers are valid floating-point values (`[1, 2]` for FP32).
+            DataType::Fp16 | DataType::Fp32 | DataType::Fp64 => {
+                self.seen -= 1;
+                return self.push_float(v as f64);
+            }
+            DataType::Bool | DataType::Bytes => return Err(self.bad(v)),
+        }
+        Ok(())
+    }
+
+    fn push_float<E: de::Error>(&mut self, v: f64) -> Result<(), E> {
+        self.admit()?;
+        match self.datatype {
+            DataType::Fp16 => self
+                .raw
+                .extend_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+            DataType::Fp32 => self.raw.extend_from_slice(&(v as f32).to_le_bytes()),
+            DataType::Fp64 => self.raw.extend_from_slice(&v.to_le_bytes()),
+            _ => return Err(self.bad(v)),
+        }
+        Ok(())
+    }
+
+    fn push_bool<E: de::Error>(&mut self, v: bool) -> Result<(), E> {
+        self.admit()?;
+        match self.datatype {
+            DataType::Bool => self.raw.push(u8::from(v)),
+            _ => return Err(self.bad(v)),
+        }
+        Ok(())
+    }
+
+    fn push_str<E: de::Error>(&mut self, v: &str) -> Result<(), E> {
+        self.admit()?;
+        match self.datatype {
+            DataType::Bytes => self.elements.push(v.as_bytes().to_vec()),
+            _ => return Err(self.bad(format_args!("\"{}\"", v.escape_default()))),
+        }
+        Ok(())
+    }
+}
+
+/// Walks `data` (nested arrays, row-major) and pushes each scalar into the sink. Nesting depth is
+/// bounded by serde_json's recursion limit.
+struct Elements<'s, 'n>(&'s mut ElementSink<'n>);
+
+impl<'de> DeserializeSeed<'de> for Elements<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Elements<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("tensor data: an array (possibly nested) of scalars")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Elements(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.0.push_bool(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.0.push_int(i128::from(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.0.push_int(i128::from(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.0.push_float(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.push_str(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Err(self.0.bad("null"))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<(), A::Error> {
+        Err(self.0.bad("an object"))
+    }
+}
+
+fn decode_json_data(
+    name: &str,
+    datatype: DataType,
+    data: &RawValue,
+    count: usize,
+) -> Result<TensorData, InferError> {
+    // Every element takes a few bytes of JSON at least (`1,`, `"",`, `true,`), so this bounds the
+    // buffer by the body, never by the declared shape.
+    let shortest_element = match datatype {
+        DataType::Bool => 5,
+        DataType::Bytes => 3,
+        _ => 2,
+    };
+    let room = count.min(data.get().len() / shortest_element + 1);
+    let mut sink = ElementSink {
+        name,
+        datatype,
+        expected: count,
+        seen: 0,
+        raw: Vec::with_capacity(room.saturating_mul(datatype.size().unwrap_or(0))),
+        elements: Vec::with_capacity(if datatype == DataType::Bytes { room } else { 0 }),
+    };
+    let mut de = serde_json::Deserializer::from_str(data.get());
+    Elements(&mut sink)
+        .deserialize(&mut de)
+        .map_err(|e| InferError::invalid(strip_position(e)))?;
+    if sink.seen != count {
+        return Err(InferError::invalid(format!(
+            "input '{name}': shape holds {count} elements but 'data' has {}",
+            sink.seen
+        )));
+    }
+    Ok(match datatype {
+        DataType::Bytes => TensorData::Elements(sink.elements),
+        _ => TensorData::Raw(sink.raw),
+    })
+}
+
+/// A data error's message without serde_json's "at line 1 column N" (positions inside the raw
+/// `data` slice, not the body, would mislead).
+fn strip_position(e: serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) if e.line() > 0 => text[..i].to_owned(),
+        _ => text,
+    }
+}
+
+/// Serializes a tensor's elements as a flat JSON array without going through `serde_json::Value`
+/// (f32 keeps its shortest representation).
+struct JsonData<'a>(&'a Tensor);
+
+impl serde::Serialize for JsonData<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let tensor = self.0;
+        let raw = match &tensor.data {
+            TensorData::Raw(b) => b.as_slice(),
+            TensorData::Elements(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    let text = std::str::from_utf8(item).map_err(|_| {
+                        serde::ser::Error::custom(format!(
+                            "output '{}' holds non-UTF-8 BYTES; request it with binary_data",
+                            tensor.name
+                        ))
+                    })?;
+                    seq.serialize_element(text)?;
+                }
+                return seq.end();
+            }
+        };
+        macro_rules! each {
+            ($t:ty, $n:expr) => {{
+                let mut seq = s.serialize_seq(Some(raw.len() / $n))?;
+                for c in raw.chunks_exact($n) {
+                    seq.serialize_element(&<$t>::from_le_bytes(c.try_into().unwrap_or([0; $n])))?;
+                }
+                seq.end()
+            }};
+        }
+        match tensor.datatype {
+            DataType::Bool => {
+                let mut seq = s.serialize_seq(Some(raw.len()))?;
+                for &b in raw {
+                    seq.serialize_element(&(b != 0))?;
+                }
+                seq.end()
+            }
+            DataType::Uint8 => each!(u8, 1),
+            DataType::Int8 => each!(i8, 1),
+            DataType::Uint16 => each!(u16, 2),
+            DataType::Int16 => each!(i16, 2),
+            DataType::Uint32 => each!(u32, 4),
+            DataType::Int32 => each!(i32, 4),
+            DataType::Uint64 => each!(u64, 8),
+            DataType::Int64 => each!(i64, 8),
+            DataType::Fp16 => {
+                let mut seq = s.serialize_seq(Some(raw.len() / 2))?;
+                for c in raw.chunks_exact(2) {
+                    seq.serialize_element(&half::f16::from_le_bytes([c[0], c[1]]).to_f32())?;
+                }
+                seq.end()
+            }
+            DataType::Fp32 => each!(f32, 4),
+            DataType::Fp64 => each!(f64, 8),
+            DataType::Bytes => s.serialize_seq(Some(0))?.end(),
+        }
+    }
+}
+
+/// Bytes of a tensor in the binary extension's layout.
+fn binary_payload(tensor: &Tensor) -> Vec<u8> {
+    match &tensor.data {
+        TensorData::Raw(b) => b.clone(),
+        TensorData::Elements(items) => encode_bytes_elements(items),
+    }
+}
+
+struct OutputEntry<'a> {
+    tensor: &'a Tensor,
+    binary_size: Option<usize>,
+}
+
+impl serde::Serialize for OutputEntry<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("name", &self.tensor.name)?;
+        map.serialize_entry("datatype", self.tensor.datatype.name())?;
+        map.serialize_entry("shape", &self.tensor.shape)?;
+        match self.binary_size {
+            Some(size) => map.serialize_entry(
+                "parameters",
+                &serde_json::json!({ "binary_data_size": size }),
+            )?,
+            None => map.serialize_entry("data", &JsonData(self.tensor))?,
+        }
+        map.end()
+    }
+}
+
+fn params_json(params: &BTreeMap<String, ParamValue>) -> Map<String, Value> {
+    params
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                ParamValue::Bool(b) => Value::from(*b),
+                ParamValue::Int(i) => Value::from(*i),
+                ParamValue::Double(d) => Value::from(*d),
+                ParamValue::String(s) => Value::from(s.clone()),
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+/// An encoded response body and, when binary outputs follow the JSON, the JSON's length.
+pub struct EncodedResponse {
+    pub body: Vec<u8>,
+    pub header_length: Option<usize>,
+}
+
+/// Encodes a response. `binary` says, per output name, whether it goes as binary data.
+pub fn encode_response(
+    response: &InferResponse,
+    binary: impl Fn(&str) -> bool,
+) -> Result<EncodedResponse, InferError> {
+    let mut payloads = Vec::new();
+    let entries: Vec<OutputEntry> = response
+        .outputs
+        .iter()
+        .map(|t| {
+            if binary(&t.name) {
+                let payload = binary_payload(t);
+                let entry = OutputEntry {
+                    tensor: t,
+                    binary_size: Some(payload.len()),
+                };
+                payloads.push(payload);
+                entry
+            } else {
+                OutputEntry {
+                    tensor: t,
+                    binary_size: None,
+                }
+            }
+        })
+        .collect();
+    let mut map = Map::new();
+    map.insert(
+        "model_name".into(),
+        Value::from(response.model_name.clone()),
+    );
+    map.insert(
+        "model_version".into(),
+        Value::from(response.model_version.clone()),
+    );
+    if !response.id.is_empty() {
+        map.insert("id".into(), Value::from(response.id.clone()));
+    }
+    if !response.parameters.is_empty() {
+        map.insert(
+            "parameters".into(),
+            Value::Object(params_json(&response.parameters)),
+        );
+    }
+    // Header fields first, then the outputs streamed without an intermediate Value.
+    let mut body = serde_json::to_vec(&map).map_err(|e| InferError::internal(e.to_string()))?;
+    body.pop(); // the closing brace
+    if !map.is_empty() {
+        body.push(b',');
+    }
+    body.extend_from_slice(b"\"outputs\":");
+    serde_json::to_writer(&mut body, &entries).map_err(|e| InferError::invalid(e.to_string()))?;
+    body.push(b'}');
+    if payloads.is_empty() {
+        return Ok(EncodedResponse {
+            body,
+            header_length: None,
+        });
+    }
+    let header_length = body.len();
+    for p in payloads {
+        body.extend_from_slice(&p);
+    }
+    Ok(EncodedResponse {
+        body,
+        header_length: Some(header_length),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_json_data_is_flattened() {
+        let body =
+            br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,4]]}]}"#;
+        let r = decode_request(body, None).expect("decodes");
+        assert_eq!(r.inputs[0].to_f64_vec(), Some(vec![1.0, 2.0, 3.0, 4.0]));
+    }
+
+    #[test]
+    fn binary_inputs_and_bytes_lengths() {
+        let header = br#"{"inputs":[{"name":"s","shape":[2],"datatype":"BYTES","parameters":{"binary_data_size":11}}]}"#;
+        let mut body = header.to_vec();
+        body.extend_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(b"abc");
+        body.extend_from_slice(&0u32.to_le_bytes());
+        let r = decode_request(&body, Some(header.len())).expect("decodes");
+        assert_eq!(
+            r.inputs[0].data,
+            TensorData::Elements(vec![b"abc".to_vec(), Vec::new()])
+        );
+    }
+
+    #[test]
+    fn truncated_and_mismatched_bodies_are_rejected() {
+        assert!(decode_request(b"{}", Some(10)).is_err());
+        let e = decode_request(
+            br#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#,
+            None,
+        )
+        .expect_err("count mismatch");
+        assert!(e.message.contains("3 elements"));
+        assert!(
+            decode_request(
+                br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]}"#,
+                None
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_huge_declared_shape_is_refused_without_allocating_from_it() {
+        // ~10^12 elements with one element of data: the decoder used to reserve 8 TB for it and
+        // abort the process.
+        let e = decode_request(
+            br#"{"inputs":[{"name":"x","shape":[1000000,1000000],"datatype":"FP64","data":[1]}]}"#,
+            None,
+        )
+        .expect_err("refused");
+        assert!(
+            e.message.contains("1000000000000 elements"),
+            "{}",
+            e.message
+        );
+        // Near 2^62 and i64::MAX: this used to panic with "capacity overflow".
+        for shape in [
+            "[4611686018427387904]",
+            "[9223372036854775807]",
+            "[4294967296,4294967296]",
+        ] {
+            let body = format!(
+                r#"{{"inputs":[{{"name":"x","shape":{shape},"datatype":"FP32","data":[1]}}]}}"#
+            );
+            let e = decode_request(body.as_bytes(), None).expect_err("refused");
+            assert_eq!(
+                e.kind,
+                crate::infer::ErrorKind::InvalidArgument,
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_binary_shape_whose_byte_size_wraps_is_refused() {
+        // [2^62] FP32 "needs" 2^64 = 0 bytes with wrapping arithmetic: an empty payload passed.
+        let header = br#"{"inputs":[{"name":"x","shape":[4611686018427387904],"datatype":"FP32","parameters":{"binary_data_size":0}}]}"#;
+        let e = decode_request(header, Some(header.len())).expect_err("refused");
+        assert!(e.message.contains("overflows"), "{}", e.message);
+    }
+
+    #[test]
+    fn too_many_elements_stop_the_decoder() {
+        let e = decode_request(
+            br#"{"inputs":[{"name":"x","shape":[2],"datatype":"INT32","data":[1,2,3,4,5]}]}"#,
+            None,
+        )
+        .expect_err("refused");
+        assert!(e.message.contains("has more"), "{}", e.message);
+        assert!(!e.message.contains("line 1"), "{}", e.message);
+    }
+
+    #[test]
+    fn every_datatype_decodes_from_json() {
+        let cases = [
+            ("BOOL", "[true,false]", vec![1u8, 0]),
+            ("UINT8", "[1,255]", vec![1, 255]),
+            ("INT8", "[-1,2]", vec![255, 2]),
+            ("UINT16", "[513,0]", vec![1, 2, 0, 0]),
+            (
+                "INT32",
+                "[[-2],[3]]",
+                [(-2i32).to_le_bytes(), 3i32.to_le_bytes()].concat(),
+            ),
+            (
+                "FP32",
+                "[1,2.5]",
+                [1f32.to_le_bytes(), 2.5f32.to_le_bytes()].concat(),
+            ),
+            (
+                "FP64",
+                "[0.5,-1]",
+                [0.5f64.to_le_bytes(), (-1f64).to_le_bytes()].concat(),
+            ),
+            (
+                "FP16",
+                "[1,0.5]",
+                [
+                    half::f16::from_f32(1.0).to_le_bytes(),
+                    half::f16::from_f32(0.5).to_le_bytes(),
+                ]
+                .concat(),
+            ),
+            (
+                "UINT64",
+                "[18446744073709551615,0]",
+                [u64::MAX.to_le_bytes(), [0; 8]].concat(),
+            ),
+        ];
+        for (datatype, data, want) in cases {
+            let body = format!(
+                r#"{{"inputs":[{{"name":"x","shape":[2],"datatype":"{datatype}","data":{data}}}]}}"#
+            );
+            let r = decode_request(body.as_bytes(), None)
+                .unwrap_or_else(|e| panic!("{datatype}: {}", e.message));
+            assert_eq!(r.inputs[0].data, TensorData::Raw(want), "{datatype}");
+        }
+        let r = decode_request(
+            r#"{"inputs":[{"name":"s","shape":[2],"datatype":"BYTES","data":["a\u00e9","한"]}]}"#
+                .as_bytes(),
+            None,
+        )
+        .expect("decodes");
+        assert_eq!(
+            r.inputs[0].data,
+            TensorData::Elements(vec!["aé".as_bytes().to_vec(), "한".as_bytes().to_vec()])
+        );
+        for (datatype, data) in [
+            ("BOOL", "[1]"),
+            ("INT32", "[1.5]"),
+            ("FP32", "[\"1\"]"),
+            ("BYTES", "[1]"),
+            ("INT8", "[null]"),
+            ("INT8", "[{}]"),
+        ] {
+            let body = format!(
+                r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"{datatype}","data":{data}}}]}}"#
+            );
+            let e = decode_request(body.as_bytes(), None).expect_err(datatype);
+            assert!(
+                e.message.contains("not a valid"),
+                "{datatype}: {}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn parameters_must_be_scalars() {
+        let r = decode_request(
+            br#"{"parameters":{"a":true,"b":-3,"c":1.5,"d":"s","priority":2},"inputs":[]}"#,
+            None,
+        )
+        .expect("decodes");
+        assert_eq!(r.parameters["b"], ParamValue::Int(-3));
+        assert_eq!(r.parameters["c"], ParamValue::Double(1.5));
+        assert_eq!(r.priority, 2);
+        for bad in [
+            r#"{"parameters":{"a":[1]},"inputs":[]}"#,
+            r#"{"parameters":{"a":{"b":1}},"inputs":[]}"#,
+        ] {
+            let e = decode_request(bad.as_bytes(), None).expect_err("refused");
+            assert!(e.message.contains("parameter value"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let mut data = "[".repeat(100_000);
+        data.push_str(&"]".repeat(100_000));
+        let body =
+            format!(r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"FP32","data":{data}}}]}}"#);
+        assert!(decode_request(body.as_bytes(), None).is_err());
+    }
+
+    #[test]
+    fn bytes_elements_round_trip() {
+        let items = vec![b"abc".to_vec(), Vec::new(), vec![0xff; 300]];
+        let encoded = encode_bytes_elements(&items);
+        assert_eq!(decode_bytes_elements(&encoded), Ok(items));
+        assert!(decode_bytes_elements(&[1, 0, 0]).is_err());
+        assert!(decode_bytes_elements(&[5, 0, 0, 0, b'a']).is_err());
+    }
+
+    #[test]
+    fn response_mixes_json_and_binary() {
+        let response = InferResponse {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: "7".into(),
+            outputs: vec![
+                Tensor::from_f32("a", vec![2], &[0.5, 1.0]),
+                Tensor::from_f32("b", vec![1], &[2.0]),
+            ],
+            ..Default::default()
+        };
+        let encoded = encode_response(&response, |n| n == "b").expect("encodes");
+        let n = encoded.header_length.expect("binary present");
+        let json: Value = serde_json::from_slice(&encoded.body[..n]).expect("json");
+        assert_eq!(json["id"], "7");
+        assert_eq!(json["outputs"][0]["data"], serde_json::json!([0.5, 1.0]));
+        assert_eq!(json["outputs"][1]["parameters"]["binary_data_size"], 4);
+        assert_eq!(&encoded.body[n..], &2.0f32.to_le_bytes());
+    }
+}

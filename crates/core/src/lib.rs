@@ -1,0 +1,16 @@
+//! Tessera's bottom layer, below the scheduler, the backends and the server: what a request *is*,
+//! independent of who runs it.
+//!
+//! - [`tensor`]: tensors as they travel through the server (datatypes come from `tessera-abi`,
+//!   shared with guests).
+//! - [`infer`]: the request path's vocabulary: `InferRequest`, `InferResponse`, `InferError`.
+//! - [`config`]: Triton's `ModelConfig`, read from `config.pbtxt`.
+//! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
+//!
+//! Everything here is pure (no I/O beyond reading a config file, no async), so the decoders can be
+//! fuzzed and property-tested without building the server.
+
+pub mod config;
+pub mod infer;
+pub mod kserve;
+pub mod tensor;
