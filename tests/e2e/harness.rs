@@ -125,6 +125,36 @@ impl TestServer {
             .expect("metrics text")
     }
 
+    /// The server's peak resident memory so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("/proc status of the server");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmHWM")
+            * 1024
+    }
+
+    /// Sends `method` to `path` and returns the status, the content type and the body.
+    pub async fn request(&self, method: reqwest::Method, path: &str) -> (u16, String, String) {
+        let r = self
+            .client
+            .request(method, self.url(path))
+            .send()
+            .await
+            .expect("answers");
+        let status = r.status().as_u16();
+        let content_type = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        (status, content_type, r.text().await.unwrap_or_default())
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -2,6 +2,7 @@
 //! from `examples/` and `tests/guests/`, over real HTTP on loopback.
 
 mod harness;
+mod hostile_requests;
 mod http_protocol;
 mod repository;
 mod sandbox;

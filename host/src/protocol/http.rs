@@ -38,8 +38,6 @@ struct AppState {
 pub fn router(server: Arc<Server>, max_body: usize) -> Router {
     Router::new()
         .route("/v2", get(server_metadata))
-        .route("/v2/health/live", get(live))
-        .route("/v2/health/ready", get(ready))
         .route("/v2/models/stats", get(all_stats))
         .route("/v2/repository/index", post(repository_index))
         .route("/v2/models/{model}", get(model_metadata))
@@ -67,7 +65,40 @@ pub fn router(server: Arc<Server>, max_body: usize) -> Router {
         .fallback(not_found)
         // The infer handler enforces the limit itself, with a KServe error body.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::map_response(kserve_error_body))
+        // Added after the layer, so they keep Triton's bare-status answers.
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
         .with_state(AppState { server, max_body })
+}
+
+/// Every error answer carries a KServe v2 error body, `{"error": "..."}`, including those axum
+/// produces before a handler runs (a path that is not UTF-8, a method a route does not take).
+/// Health endpoints answer with a bare status, as Triton's do, and are left alone.
+async fn kserve_error_body(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Rejection texts are short; anything long is not ours to forward.
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+    let body = serde_json::to_vec(&json!({ "error": text })).unwrap_or_default();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(body))
 }
 
 /// The metrics endpoint, served on `--metrics-port`.
@@ -183,7 +214,11 @@ fn readiness(s: &AppState, model: &str, version: Option<i64>) -> Response {
     match s.server.repository.ready_model(model, version) {
         Ok(_) => StatusCode::OK.into_response(),
         Err(e) if !s.server.repository.contains(model, version) => error_response(&e),
-        Err(_) => StatusCode::BAD_REQUEST.into_response(),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({ "error": e.message })),
+        )
+            .into_response(),
     }
 }
 
