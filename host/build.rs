@@ -72,7 +72,8 @@ fn build_guests() {
     }
 }
 
-/// Copies `<name>.wasm` to `<repository>/<name>/1/model.wasm` for each Wasm model there.
+/// Copies `<name>.wasm` to `<repository>/<name>/1/model.wasm` for each Wasm model there (or the
+/// component its config names with a `# component: <crate>` line).
 fn install_components(built: &Path, repository: &Path) {
     let Ok(entries) = std::fs::read_dir(repository) else {
         return;
@@ -90,7 +91,12 @@ fn install_components(built: &Path, repository: &Path) {
         if !config.contains("\"wasm\"") {
             continue;
         }
-        let component = built.join(format!("{name}.wasm"));
+        // A fixture may serve another crate's component: `# component: <crate>` in its config.
+        let crate_name = config
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("# component:"))
+            .map_or(name.as_str(), str::trim);
+        let component = built.join(format!("{crate_name}.wasm"));
         if !component.exists() {
             println!("cargo:warning=no component built for Wasm model '{name}'");
             continue;

@@ -1,8 +1,9 @@
 //! The server core that every front-end shares: the repository and the single entry point of the
 //! request path, [`Server::infer`].
 
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::backend::wasm::WasmRuntime;
 use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
@@ -32,6 +33,8 @@ pub struct Server {
     pub repository: Repository,
     pub wasm: WasmRuntime,
     pub rate_limiter: Arc<RateLimiter>,
+    /// BLS calls in flight, to refuse calls that would deadlock across requests.
+    waits: WaitGraph,
 }
 
 impl Server {
@@ -46,6 +49,7 @@ impl Server {
             )),
             options,
             wasm,
+            waits: WaitGraph::default(),
         });
         server
             .repository
@@ -79,6 +83,18 @@ impl Server {
             ));
         }
         let target = self.repository.ready_model(model, version)?;
+        let _waiting = match request.call_chain.last() {
+            Some(caller) => Some(self.waits.enter(caller, model).map_err(|cycle| {
+                InferError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "BLS cycle across requests: {caller} -> {} would wait on a request that waits on it",
+                        cycle.join(" -> ")
+                    ),
+                )
+            })?),
+            None => None,
+        };
         target.infer(request).await
     }
 
@@ -106,5 +122,117 @@ impl Server {
     /// Readiness, as Triton defines it.
     pub fn ready(&self) -> bool {
         !self.options.strict_readiness || self.repository.all_ready()
+    }
+}
+
+/// Which models wait on which, across every BLS call in flight.
+///
+/// The call chain catches a cycle within one request (a → b → a). Two requests can still
+/// deadlock each other: a's instance calls b while b's instance calls a, each waiting for the
+/// instance the other holds, until their deadlines. So each BLS call records an edge
+/// caller → target while it waits, and a call whose target already waits, directly or through
+/// other models, on the caller is refused at once. This is conservative (with a spare instance
+/// the wait might have ended), and consistent: the same model-level cycle on one chain is
+/// refused too.
+#[derive(Default)]
+struct WaitGraph {
+    /// caller → (target → calls in flight).
+    edges: Mutex<HashMap<String, HashMap<String, usize>>>,
+}
+
+impl WaitGraph {
+    /// Records that `caller` waits on `target`, or returns the path target → … → caller that
+    /// this wait would close into a cycle.
+    fn enter<'g>(&'g self, caller: &str, target: &str) -> Result<WaitEdge<'g>, Vec<String>> {
+        let mut edges = self.edges.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(path) = path_between(&edges, target, caller) {
+            return Err(path);
+        }
+        *edges
+            .entry(caller.to_owned())
+            .or_default()
+            .entry(target.to_owned())
+            .or_default() += 1;
+        Ok(WaitEdge {
+            graph: self,
+            caller: caller.to_owned(),
+            target: target.to_owned(),
+        })
+    }
+}
+
+/// A path from `from` to `to` along the edges, both ends included.
+fn path_between(
+    edges: &HashMap<String, HashMap<String, usize>>,
+    from: &str,
+    to: &str,
+) -> Option<Vec<String>> {
+    let mut came_from: HashMap<&str, &str> = HashMap::new();
+    let mut queue = VecDeque::from([from]);
+    while let Some(node) = queue.pop_front() {
+        if node == to {
+            let mut path = vec![to.to_owned()];
+            let mut at = to;
+            while at != from {
+                at = came_from[at];
+                path.push(at.to_owned());
+            }
+            path.reverse();
+            return Some(path);
+        }
+        for next in edges.get(node).into_iter().flat_map(HashMap::keys) {
+            if next != from && !came_from.contains_key(next.as_str()) {
+                came_from.insert(next, node);
+                queue.push_back(next);
+            }
+        }
+    }
+    None
+}
+
+/// One BLS call waiting; removes its edge when the call ends (or is dropped).
+struct WaitEdge<'g> {
+    graph: &'g WaitGraph,
+    caller: String,
+    target: String,
+}
+
+impl Drop for WaitEdge<'_> {
+    fn drop(&mut self) {
+        let mut edges = self.graph.edges.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(targets) = edges.get_mut(&self.caller) {
+            if let Some(n) = targets.get_mut(&self.target) {
+                *n -= 1;
+                if *n == 0 {
+                    targets.remove(&self.target);
+                }
+            }
+            if targets.is_empty() {
+                edges.remove(&self.caller);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_that_closes_a_cycle_is_refused() {
+        let graph = WaitGraph::default();
+        let ab = graph.enter("a", "b").expect("a waits on b");
+        let bc = graph.enter("b", "c").expect("b waits on c");
+        assert_eq!(
+            graph.enter("c", "a").err(),
+            Some(vec!["a".to_owned(), "b".to_owned(), "c".to_owned()])
+        );
+        // Unrelated and repeated waits are fine.
+        let ab2 = graph.enter("a", "b").expect("a second a -> b");
+        let _dc = graph.enter("d", "c").expect("d waits on c");
+        drop(bc);
+        let ca = graph.enter("c", "a").expect("b no longer waits on c");
+        drop((ab, ab2, ca));
+        assert!(graph.enter("b", "a").is_ok(), "every edge is gone");
     }
 }

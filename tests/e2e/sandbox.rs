@@ -15,7 +15,17 @@ async fn start() -> TestServer {
 
 /// Sends the bad input, checks the error, then checks the server, a bystander and the guest.
 async fn misbehaves(s: &TestServer, model: &str, want_status: u16, want_text: &str) {
-    let (status, err) = s.infer(model, x(-1.0)).await;
+    misbehaves_with(s, model, -1.0, want_status, want_text).await;
+}
+
+async fn misbehaves_with(
+    s: &TestServer,
+    model: &str,
+    value: f32,
+    want_status: u16,
+    want_text: &str,
+) {
+    let (status, err) = s.infer(model, x(value)).await;
     assert_eq!(status, want_status, "{model}: {err}");
     let message = err["error"]
         .as_str()
@@ -89,4 +99,95 @@ async fn a_stuck_guest_does_not_block_others() {
         (status, body) = bystander => assert_eq!(status, 200, "{body}"),
         (status, body) = looping => panic!("the looping guest answered ({status} {body}) before the bystander"),
     }
+}
+
+// Attacks from a guest written only against the WIT (tests/guests/guest_hostile).
+
+#[tokio::test]
+async fn everything_a_guest_hands_back_counts_against_max_output_bytes() {
+    let s = start().await;
+    // A 32 MiB response parameter and a 32 MiB error message used to pass a 1 MiB limit.
+    misbehaves_with(&s, "guest_hostile", -2.0, 429, "max_output_bytes").await;
+    misbehaves_with(&s, "guest_hostile", -3.0, 429, "max_output_bytes").await;
+    // 4 M empty BYTES elements counted as 0 bytes (12 MB of JSON).
+    misbehaves_with(&s, "guest_hostile", -4.0, 429, "max_output_bytes").await;
+}
+
+#[tokio::test]
+async fn a_guest_output_whose_size_wraps_is_refused() {
+    // Shape [2^62] FP32 with no data "needed" 0 bytes and was answered with 200.
+    misbehaves_with(&start().await, "guest_hostile", -5.0, 500, "overflows").await;
+}
+
+#[tokio::test]
+async fn host_resources_are_capped_and_the_trap_says_why() {
+    // 100 000 open streams: stopped at max_host_resources, and the message carries the cause.
+    misbehaves_with(
+        &start().await,
+        "guest_hostile",
+        -6.0,
+        500,
+        "resource table has no free keys",
+    )
+    .await;
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} in\n{text}"))
+}
+
+#[tokio::test]
+async fn a_guest_cannot_flood_the_log() {
+    let s = start().await;
+    let before = std::fs::metadata(&s.log).expect("log").len();
+    // 200 MiB of log messages and 100 000 empty ones, in one request.
+    let (status, body) = s.infer("guest_hostile", x(-1.0)).await;
+    assert_eq!(status, 200, "{body}");
+    let grown = std::fs::metadata(&s.log).expect("log").len() - before;
+    // One execution may write max_log_bytes (64 KiB) of messages, plus one line per message.
+    assert!(grown < 512 << 10, "the log grew by {grown} bytes");
+    let dropped = metric(&s.metrics().await, "tessera_wasm_log_dropped_bytes_total");
+    assert!(
+        dropped >= 199.0 * (1 << 20) as f64,
+        "{dropped} bytes counted as dropped"
+    );
+    let (status, _) = s.infer("guest_hostile", x(3.0)).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn mutual_bls_calls_across_requests_are_refused_not_deadlocked() {
+    let s = start().await;
+    // mutual_a and mutual_b each hold their only instance and call the other: without detection
+    // both wait out their 8 s deadline and fail. One call must be refused as a cycle at once, so
+    // the other completes.
+    let (a, b) = tokio::join!(s.infer("mutual_a", x(-7.0)), s.infer("mutual_b", x(-7.0)));
+    let outcomes = [("mutual_a", a), ("mutual_b", b)];
+    let refused: Vec<_> = outcomes
+        .iter()
+        .filter(|(_, (status, _))| *status != 200)
+        .collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "exactly one call is refused: {outcomes:?}"
+    );
+    let (model, (status, body)) = refused[0];
+    assert_eq!(*status, 429, "{model}: {body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(message.contains("cycle"), "{model}: {message}");
+}
+
+#[tokio::test]
+async fn a_call_to_itself_from_initialize_is_refused_at_once() {
+    let s = start().await;
+    // The first initialize (at load) was refused as a cycle; the guest reports what it got.
+    misbehaves_with(&s, "init_self_call", -9.0, 500, "cycle").await;
+    // After a trap the instance is initialized again while the model is READY: the call used to
+    // queue behind the instance that made it and wait out the deadline, failing the request.
+    let (status, body) = s.infer("init_self_call", x(-10.0)).await;
+    assert_eq!(status, 500, "{body}");
+    misbehaves_with(&s, "init_self_call", -9.0, 500, "cycle").await;
 }

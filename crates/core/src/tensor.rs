@@ -97,22 +97,6 @@ impl Tensor {
         }
     }
 
-    /// Bytes this tensor takes in the binary extension's layout, which is also what it costs
-    /// against an output limit: BYTES elements count their 4-byte length, so many empty elements
-    /// are not free. The name and shape count too. Saturates instead of wrapping.
-    pub fn wire_size(&self) -> usize {
-        let payload = match &self.data {
-            TensorData::Raw(b) => b.len(),
-            TensorData::Elements(items) => items.iter().fold(0usize, |acc, item| {
-                acc.saturating_add(item.len())
-                    .saturating_add(BYTES_ELEMENT_OVERHEAD)
-            }),
-        };
-        payload
-            .saturating_add(self.name.len())
-            .saturating_add(self.shape.len().saturating_mul(8))
-    }
-
     /// The elements as `f64`, for classification and JSON output. `None` for BYTES.
     pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
         let TensorData::Raw(b) = &self.data else {
@@ -198,16 +182,5 @@ mod tests {
             TensorData::Raw(Vec::new()),
         );
         assert!(t.check_consistent().is_err());
-    }
-
-    #[test]
-    fn wire_size_counts_bytes_elements() {
-        let t = Tensor::new(
-            "s",
-            DataType::Bytes,
-            vec![3],
-            TensorData::Elements(vec![Vec::new(), Vec::new(), b"ab".to_vec()]),
-        );
-        assert_eq!(t.wire_size(), 3 * 4 + 2 + 1 + 8);
     }
 }

@@ -141,8 +141,47 @@ pub fn request_from_wit(r: wit::Request) -> Result<InferRequest, InferError> {
     })
 }
 
-/// A response a handler returned from `execute`, checked against the output size cap.
+/// What a guest's response costs against `max_output_bytes`: tensor payloads with 4 bytes per
+/// BYTES element, names and shapes, and every parameter. Saturates instead of wrapping.
+fn response_wire_size(r: &wit::Response) -> usize {
+    let tensors = r.outputs.iter().fold(0usize, |acc, t| {
+        let payload = match &t.data {
+            wit::TensorData::Raw(b) => b.len(),
+            wit::TensorData::Elements(items) => items.iter().fold(0usize, |n, item| {
+                n.saturating_add(item.len())
+                    .saturating_add(crate::tensor::BYTES_ELEMENT_OVERHEAD)
+            }),
+        };
+        acc.saturating_add(payload)
+            .saturating_add(t.name.len())
+            .saturating_add(t.shape.len().saturating_mul(8))
+    });
+    let parameters = r.parameters.iter().fold(0usize, |acc, p| {
+        let value = match &p.value {
+            wit::ParameterValue::String(s) => s.len(),
+            _ => 8,
+        };
+        acc.saturating_add(p.key.len()).saturating_add(value)
+    });
+    tensors.saturating_add(parameters)
+}
+
+fn over_output_limit(what: &str, size: usize, max_output_bytes: usize) -> InferError {
+    InferError::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "the handler's {what} holds {size} bytes, over the max_output_bytes limit of {max_output_bytes}"
+        ),
+    )
+}
+
+/// A response a handler returned from `execute`, checked against the output size cap before
+/// anything else, then for consistency.
 pub fn response_from_wit(r: wit::Response, max_output_bytes: usize) -> InferResult {
+    let size = response_wire_size(&r);
+    if size > max_output_bytes {
+        return Err(over_output_limit("response", size, max_output_bytes));
+    }
     let outputs = r
         .outputs
         .into_iter()
@@ -151,15 +190,6 @@ pub fn response_from_wit(r: wit::Response, max_output_bytes: usize) -> InferResu
         .map_err(|e| {
             InferError::internal(format!("the handler returned an inconsistent tensor: {e}"))
         })?;
-    let total: usize = outputs.iter().map(Tensor::byte_size).sum();
-    if total > max_output_bytes {
-        return Err(InferError::new(
-            ErrorKind::ResourceExhausted,
-            format!(
-                "the handler's response holds {total} bytes of outputs, over the max_output_bytes limit of {max_output_bytes}"
-            ),
-        ));
-    }
     Ok(InferResponse {
         outputs,
         parameters: params_from_wit(r.parameters),
@@ -175,7 +205,11 @@ pub fn response_to_wit(r: &InferResponse) -> wit::Response {
     }
 }
 
-pub fn error_from_wit(e: wit::Error) -> InferError {
+/// An error a handler returned; its message counts against `max_output_bytes` like a response.
+pub fn error_from_wit(e: wit::Error, max_output_bytes: usize) -> InferError {
+    if e.message.len() > max_output_bytes {
+        return over_output_limit("error message", e.message.len(), max_output_bytes);
+    }
     let kind = match e.kind {
         wit::ErrorKind::ModelNotFound => ErrorKind::NotFound,
         wit::ErrorKind::ModelNotReady => ErrorKind::Unavailable,

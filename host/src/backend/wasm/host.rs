@@ -14,7 +14,7 @@ use wasmtime::{Engine, Store};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::limits::{Counters, Limits, StoreLimiter};
+use super::limits::{Counters, Limits, LogRate, StoreLimiter};
 use super::tessera::inference::{inference, log, types};
 use super::{Live, ModelPre, convert};
 use crate::infer::{ErrorKind, InferError};
@@ -30,7 +30,15 @@ pub struct WasmModel {
     pub config_json: String,
     pub server: Weak<Server>,
     pub counters: Arc<Counters>,
+    /// The model's log allowance, shared by its instances.
+    pub log_rate: Arc<LogRate>,
 }
+
+/// What one `log` call costs besides its message: a log line is not free even when empty.
+const LOG_CALL_OVERHEAD: usize = 64;
+
+/// The longest `initialize` error kept (it ends up in the repository index and the log).
+const MAX_INIT_ERROR_CHARS: usize = 4096;
 
 impl WasmModel {
     /// A fresh store with the component instantiated from the `InstancePre`; no guest code has
@@ -58,20 +66,26 @@ impl WasmModel {
     pub async fn instantiate(&self) -> Result<Live, String> {
         let (mut store, bindings) = self.instantiate_bare().await?;
         Counters::bump(&self.counters.instantiations);
+        // `initialize` may call models too: its calls carry this model as their caller, so a
+        // call back into it is refused as a cycle instead of waiting out the deadline.
+        store.data_mut().begin_execution(vec![self.name.clone()]);
         let init = bindings
             .tessera_inference_handler()
             .call_initialize(&mut store, &self.config_json);
         let outcome = tokio::time::timeout(self.limits.execute_deadline, init).await;
         store.data_mut().flush_output(&self.name, self.version);
+        store.data_mut().end_execution();
         match outcome {
             Ok(Ok(Ok(()))) => Ok(Live { store, bindings }),
             Ok(Ok(Err(message))) => Err(format!(
-                "handler '{}' initialize failed: {message}",
-                self.name
+                "handler '{}' initialize failed: {}",
+                self.name,
+                truncate_chars(&message, MAX_INIT_ERROR_CHARS)
             )),
             Ok(Err(trap)) => Err(format!(
-                "handler '{}' trapped in initialize: {trap:#}",
-                self.name
+                "handler '{}' trapped in initialize: {}",
+                self.name,
+                trap_cause(&trap)
             )),
             Err(_) => Err(format!(
                 "handler '{}' initialize exceeded its deadline",
@@ -110,10 +124,52 @@ impl WasmModel {
         } else {
             format!("; stderr: {detail}")
         };
-        let trap_text = trap
-            .downcast_ref::<wasmtime::Trap>()
-            .map_or_else(|| format!("{trap}"), |t| t.to_string());
-        InferError::internal(format!("handler '{name}' trapped: {trap_text}{detail}"))
+        tracing::warn!(model = %name, version = self.version, "guest trapped: {trap:?}");
+        InferError::internal(format!(
+            "handler '{name}' trapped: {}{detail}",
+            trap_cause(trap)
+        ))
+    }
+}
+
+/// A trap's whole cause chain ("resource table has no free keys" under "failed to push..."),
+/// without the Wasm backtrace wasmtime attaches (the log has it; clients need the cause).
+fn trap_cause(trap: &wasmtime::Error) -> String {
+    let causes: Vec<String> = trap
+        .chain()
+        .map(ToString::to_string)
+        .filter(|text| !text.starts_with("error while executing at wasm backtrace"))
+        .collect();
+    if causes.is_empty() {
+        trap.to_string()
+    } else {
+        causes.join(": ")
+    }
+}
+
+/// The first `max` characters of `text`, saying how much was cut.
+fn truncate_chars(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => text.into(),
+        Some((cut, _)) => format!("{}… ({} more bytes)", &text[..cut], text.len() - cut).into(),
+    }
+}
+
+/// Control characters escaped, so a guest cannot forge log lines with newlines or terminal codes.
+fn sanitize_log(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        text.chars()
+            .flat_map(|c| {
+                if c.is_control() {
+                    c.escape_default().collect::<Vec<_>>()
+                } else {
+                    vec![c]
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        text.into()
     }
 }
 
@@ -187,6 +243,11 @@ pub struct HostState {
     model: String,
     version: i64,
     counters: Arc<Counters>,
+    log_rate: Arc<LogRate>,
+    max_log_bytes: usize,
+    /// What the `log` import may still write during this execution.
+    log_budget: usize,
+    log_drop_reported: bool,
     /// Models waiting on the current execution, this one last: BLS calls must not reach them.
     chain: Vec<String>,
 }
@@ -202,9 +263,11 @@ impl HostState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(model.limits.max_host_resources);
         HostState {
             wasi,
-            table: ResourceTable::new(),
+            table,
             limiter: StoreLimiter {
                 max_memory_bytes: model.limits.max_memory_bytes,
                 max_table_elements: model.limits.max_table_elements,
@@ -219,6 +282,10 @@ impl HostState {
             model: model.name.clone(),
             version: model.version,
             counters: model.counters.clone(),
+            log_rate: model.log_rate.clone(),
+            max_log_bytes: model.limits.max_log_bytes,
+            log_budget: model.limits.max_log_bytes,
+            log_drop_reported: false,
             chain: Vec::new(),
         }
     }
@@ -228,6 +295,14 @@ impl HostState {
         self.chain = chain;
         self.limiter.memory_exceeded = false;
         self.last_stderr.clear();
+        self.log_budget = self.max_log_bytes;
+        self.log_drop_reported = false;
+    }
+
+    fn count_dropped_log(&self, bytes: usize) {
+        self.counters
+            .log_dropped_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     pub fn end_execution(&mut self) {
@@ -240,18 +315,23 @@ impl HostState {
     /// Moves captured stdout/stderr into the log, tagged with the model.
     pub fn flush_output(&mut self, model: &str, version: i64) {
         for (stream, sink) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
-            let (bytes, dropped) = sink.take();
+            let (bytes, mut dropped) = sink.take();
             let text = String::from_utf8_lossy(&bytes);
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                tracing::info!(model, version, stream, "guest: {line}");
+                if self.log_rate.take(line.len() + LOG_CALL_OVERHEAD) {
+                    tracing::info!(model, version, stream, "guest: {}", sanitize_log(line));
+                } else {
+                    dropped += line.len();
+                }
             }
             if dropped > 0 {
+                self.count_dropped_log(dropped);
                 tracing::warn!(
                     model,
                     version,
                     stream,
                     dropped,
-                    "guest output over max_log_bytes was dropped"
+                    "guest output over max_log_bytes or max_log_bytes_per_second was dropped"
                 );
             }
             if stream == "stderr" {
@@ -319,6 +399,23 @@ impl inference::Host for HostState {
 
 impl log::Host for HostState {
     async fn log(&mut self, level: log::Level, message: String) {
+        // Counted against the execution's budget and the model's rate; what does not fit is
+        // dropped and counted (the first drop of an execution is reported once).
+        let cost = message.len().saturating_add(LOG_CALL_OVERHEAD);
+        if cost > self.log_budget || !self.log_rate.take(cost) {
+            if !self.log_drop_reported {
+                self.log_drop_reported = true;
+                tracing::warn!(
+                    model = %self.model,
+                    version = self.version,
+                    "guest log messages over max_log_bytes or max_log_bytes_per_second are dropped"
+                );
+            }
+            self.count_dropped_log(message.len());
+            return;
+        }
+        self.log_budget -= cost;
+        let message = sanitize_log(&message);
         let (model, version) = (&self.model, self.version);
         match level {
             log::Level::Trace => tracing::trace!(model, version, "{message}"),

@@ -9,7 +9,13 @@
 //! | `max_output_bytes`    | bytes | 64 MiB    | total output tensor bytes of one response; a larger response fails that request only. |
 //! | `max_table_elements`  | count | 100 000   | elements of one table (function pointers); stops table-growth abuse. |
 //! | `max_instances`       | count | 64        | core instances inside one component instance. |
-//! | `max_log_bytes`       | bytes | 64 KiB    | stdout and stderr kept per execution, each; the rest is dropped (counted in the log). |
+//! | `max_log_bytes`       | bytes | 64 KiB    | per execution (and per `initialize`), for each of stdout, stderr and the `log` import: what a guest may write to the server log; the rest is dropped and counted in `tessera_wasm_log_dropped_bytes_total`. A `log` call costs its message plus 64 bytes, so empty messages are not free. |
+//! | `max_log_bytes_per_second` | bytes/s | 1 MiB | the model's log rate, all its instances together (a token bucket with a burst of one second): many fast executions cannot flood the log either. |
+//! | `max_host_resources`  | count | 1 000     | host-side resources (WASI streams and the like) one instance may hold open. They live in host memory, outside `max_memory_bytes` (about 0.7 KiB each), so they are bounded by count; past it the call traps. |
+//!
+//! `max_output_bytes` counts everything a guest hands back in one response: tensor payloads,
+//! 4 bytes per BYTES element (their length on the wire), names and shapes, response parameters,
+//! and the message of an error it returns.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,6 +32,8 @@ pub struct Limits {
     pub max_table_elements: usize,
     pub max_instances: usize,
     pub max_log_bytes: usize,
+    pub max_log_bytes_per_second: usize,
+    pub max_host_resources: usize,
 }
 
 impl Default for Limits {
@@ -38,6 +46,8 @@ impl Default for Limits {
             max_table_elements: 100_000,
             max_instances: 64,
             max_log_bytes: 64 << 10,
+            max_log_bytes_per_second: 1 << 20,
+            max_host_resources: 1000,
         }
     }
 }
@@ -86,7 +96,45 @@ impl Limits {
         if let Some(n) = number("max_log_bytes")? {
             limits.max_log_bytes = size(n);
         }
+        if let Some(n) = number("max_log_bytes_per_second")? {
+            limits.max_log_bytes_per_second = size(n);
+        }
+        if let Some(n) = number("max_host_resources")? {
+            limits.max_host_resources = size(n);
+        }
         Ok(limits)
+    }
+}
+
+/// A model's log allowance: a token bucket refilled at `max_log_bytes_per_second`, shared by all
+/// its instances.
+pub struct LogRate {
+    bytes_per_second: f64,
+    state: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+impl LogRate {
+    pub fn new(bytes_per_second: usize) -> LogRate {
+        let rate = bytes_per_second as f64;
+        LogRate {
+            bytes_per_second: rate,
+            state: std::sync::Mutex::new((rate, std::time::Instant::now())),
+        }
+    }
+
+    /// Takes `n` bytes of allowance if there are that many; all or nothing.
+    pub fn take(&self, n: usize) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let refill = now.duration_since(state.1).as_secs_f64() * self.bytes_per_second;
+        state.0 = (state.0 + refill).min(self.bytes_per_second);
+        state.1 = now;
+        if state.0 >= n as f64 {
+            state.0 -= n as f64;
+            true
+        } else {
+            false
+        }
     }
 }
 
@@ -149,6 +197,8 @@ pub struct Counters {
     pub compile_cache_hits: AtomicU64,
     pub compile_cache_misses: AtomicU64,
     pub memory_high_water_bytes: AtomicU64,
+    /// Guest log output (stdout, stderr, the `log` import) dropped at a limit.
+    pub log_dropped_bytes: AtomicU64,
     /// Instances alive (created and not yet finalized).
     pub live_instances: AtomicU64,
     /// Signalled whenever an instance is gone.
@@ -207,6 +257,12 @@ impl Counters {
                 v(&self.compile_cache_misses),
             ),
             (
+                "tessera_wasm_log_dropped_bytes_total",
+                "counter",
+                "Guest log bytes (stdout, stderr, log import) dropped at max_log_bytes or max_log_bytes_per_second",
+                v(&self.log_dropped_bytes),
+            ),
+            (
                 "tessera_wasm_memory_high_water_bytes",
                 "gauge",
                 "Largest linear memory any Wasm guest has reached",
@@ -239,6 +295,16 @@ mod tests {
         assert_eq!(limits.max_memory_bytes, 1 << 20);
         assert_eq!(limits.execute_deadline, Duration::from_millis(250));
         assert_eq!(limits.fuel_per_execute, u64::MAX);
+    }
+
+    #[test]
+    fn log_rate_allows_a_burst_then_refills() {
+        let rate = LogRate::new(1000);
+        assert!(rate.take(600));
+        assert!(!rate.take(600), "the burst is one second's worth");
+        assert!(rate.take(400));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(rate.take(150), "refilled at 1000 bytes/s");
     }
 
     #[test]

@@ -150,7 +150,9 @@ fn prepare(
             component_path.display()
         ))
     })?;
+    let log_rate = Arc::new(limits::LogRate::new(limits.max_log_bytes_per_second));
     Ok(Arc::new(WasmModel {
+        log_rate,
         pre: ModelPre::new(instance_pre).map_err(|e| LoadError::new(format!("{e:#}")))?,
         engine: runtime.engine.clone(),
         limits,
@@ -299,7 +301,7 @@ impl WasmInstance {
                         Ok(response) => {
                             convert::response_from_wit(response, limits.max_output_bytes)
                         }
-                        Err(e) => Err(convert::error_from_wit(e)),
+                        Err(e) => Err(convert::error_from_wit(e, limits.max_output_bytes)),
                     })
                     .collect();
                 Executed {
