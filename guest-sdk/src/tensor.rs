@@ -358,10 +358,12 @@ impl Tensor {
 
     /// The number of elements the shape describes (1 for a scalar, shape `[]`).
     pub fn element_count(&self) -> usize {
-        self.shape
-            .iter()
-            .map(|&d| usize::try_from(d).unwrap_or(0))
-            .product()
+        // Negative dimensions count as 0 and an overflowing product saturates; `validate` refuses
+        // both.
+        if self.shape.iter().any(|&d| d < 0) {
+            return 0;
+        }
+        tessera_abi::element_count(&self.shape).unwrap_or(usize::MAX)
     }
 
     /// The raw data.
@@ -436,16 +438,22 @@ impl Tensor {
                 self.shape
             )));
         }
-        let count = self.element_count();
+        let count = tessera_abi::element_count(&self.shape)
+            .map_err(|e| self.error(format_args!("has an invalid shape {:?}: {e}", self.shape)))?;
         match (&self.data, self.datatype.element_size()) {
             (TensorData::Raw(bytes), Some(size)) => {
-                if bytes.len() != count * size {
+                let needed = count.checked_mul(size).ok_or_else(|| {
+                    self.error(format_args!(
+                        "has shape {:?} whose byte size overflows",
+                        self.shape
+                    ))
+                })?;
+                if bytes.len() != needed {
                     return Err(self.error(format_args!(
-                        "holds {} bytes, but shape {:?} of {} needs {}",
+                        "holds {} bytes, but shape {:?} of {} needs {needed}",
                         bytes.len(),
                         self.shape,
                         self.datatype,
-                        count * size
                     )));
                 }
             }
@@ -666,6 +674,12 @@ mod tests {
         );
         assert!(Tensor::from_f32("f", [-1], &[]).validate().is_err());
         assert!(Tensor::from_f32("f", [0, 16], &[]).validate().is_ok());
+        // 2^62 FP32 elements are 2^64 bytes: wrapping arithmetic made that 0.
+        assert!(
+            Tensor::from_raw("w", DataType::Fp32, [1 << 62], vec![])
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]
