@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tessera::backend::ModelInstance;
 use tessera::backend::wasm::{Standalone, WasmRuntime};
-use tessera::infer::InferRequest;
+use tessera::infer::{Call, CallContext, InferRequest};
 use tessera::tensor::Tensor;
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -60,7 +60,10 @@ fn main() -> anyhow::Result<()> {
         };
         let mut execute = Vec::with_capacity(n_exec);
         for i in 0..warm + n_exec {
-            let batch = vec![request.clone()];
+            let batch = vec![Call {
+                cx: CallContext::root(),
+                request: request.clone(),
+            }];
             let t = Instant::now();
             let executed = instance.execute(batch).await;
             let elapsed = t.elapsed();

@@ -18,4 +18,4 @@ pub mod server;
 pub mod warmup;
 
 // The bottom layer lives in `tessera-core`; these keep its modules at their familiar paths.
-pub use tessera_core::{config, infer, tensor};
+pub use tessera_core::{config, infer, signature, tensor};

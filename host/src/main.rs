@@ -172,7 +172,7 @@ async fn start_core(args: &RepositoryArgs, strict_readiness: bool) -> anyhow::Re
 
 async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
     let server = start_core(&args, true).await?;
-    let rows = server.repository.index();
+    let rows = server.repository_index();
     let mut failed = 0;
     for row in &rows {
         let version = if row.version.is_empty() {
@@ -192,7 +192,7 @@ async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
             );
         }
     }
-    server.repository.unload_all();
+    server.shutdown(std::time::Duration::from_secs(10)).await;
     if failed > 0 {
         anyhow::bail!("{failed} of {} model versions cannot load", rows.len());
     }
@@ -202,8 +202,7 @@ async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
 async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     let server = start_core(&args, serve.strict_readiness).await?;
     let broken: Vec<_> = server
-        .repository
-        .index()
+        .repository_index()
         .into_iter()
         .filter(|r| r.state != ModelState::Ready)
         .collect();
@@ -252,9 +251,8 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("HTTP server failed")?;
     tracing::info!("shutting down");
-    server.repository.unload_all();
     // Let queued work finish and handlers' `finalize` run before the process exits.
-    server.wasm.drain(std::time::Duration::from_secs(10)).await;
+    server.shutdown(std::time::Duration::from_secs(10)).await;
     Ok(())
 }
 

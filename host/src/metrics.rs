@@ -19,7 +19,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::backend::ComputeTiming;
+/// Time spent in the three compute phases Triton reports, for one execution (batch).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecutionTiming {
+    pub input: Duration,
+    pub infer: Duration,
+    pub output: Duration,
+}
 
 /// A count and its cumulative duration.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -180,7 +186,7 @@ impl ModelStats {
     }
 
     /// A batch of `rows` executed.
-    pub fn record_execution(&self, rows: usize, timing: ComputeTiming) {
+    pub fn record_execution(&self, rows: usize, timing: ExecutionTiming) {
         let now = Instant::now();
         let mut live = self.live();
         let w = &mut live.windows;

@@ -6,63 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::{self, BackendKind, ModelConfig};
-use crate::infer::{InferError, InferRequest, InferResult, RequestedOutput};
+use crate::config::{BackendKind, ModelConfig};
+use crate::infer::{CallContext, InferError, InferRequest, InferResult, RequestedOutput};
 use crate::metrics::ModelStats;
 use crate::scheduler::Scheduler;
+use crate::signature::Signature;
 use crate::tensor::{DataType, Tensor, TensorData};
-
-/// An input or output as the configuration declares it.
-#[derive(Clone, Debug)]
-pub struct TensorSpec {
-    pub name: String,
-    pub datatype: DataType,
-    /// Without the batch dimension; -1 for variable.
-    pub dims: Vec<i64>,
-    pub optional: bool,
-}
-
-impl TensorSpec {
-    /// The shape clients see: the batch dimension (-1) first when the model batches.
-    pub fn client_shape(&self, batched: bool) -> Vec<i64> {
-        let mut shape = Vec::with_capacity(self.dims.len() + 1);
-        if batched {
-            shape.push(-1);
-        }
-        shape.extend(&self.dims);
-        shape
-    }
-}
-
-/// The inputs and outputs of a configuration, resolved once.
-#[derive(Clone, Debug, Default)]
-pub struct Signature {
-    pub inputs: Vec<TensorSpec>,
-    pub outputs: Vec<TensorSpec>,
-}
-
-impl Signature {
-    pub fn of(config: &ModelConfig) -> Signature {
-        let spec = |name: &String, data_type: i32, dims: &Vec<i64>, optional: bool| TensorSpec {
-            name: name.clone(),
-            datatype: config::datatype_from_config(data_type).unwrap_or(DataType::Bytes),
-            dims: dims.clone(),
-            optional,
-        };
-        Signature {
-            inputs: config
-                .input
-                .iter()
-                .map(|i| spec(&i.name, i.data_type, &i.dims, i.optional))
-                .collect(),
-            outputs: config
-                .output
-                .iter()
-                .map(|o| spec(&o.name, o.data_type, &o.dims, false))
-                .collect(),
-        }
-    }
-}
 
 /// One READY version of a model.
 pub struct ModelVersion {
@@ -109,22 +58,25 @@ impl ModelVersion {
         self.scheduler.pending_count()
     }
 
-    /// Runs one request through this version's queue.
-    pub async fn infer(&self, request: InferRequest) -> InferResult {
+    /// Runs one request through this version's queue. Warmup requests are not counted.
+    pub async fn infer(&self, cx: CallContext, request: InferRequest) -> InferResult {
         let arrived = Instant::now();
-        let result = self.run(request).await;
-        self.stats.record_request(result.is_ok(), arrived.elapsed());
+        let warmup = cx.warmup;
+        let result = self.run(cx, request).await;
+        if !warmup {
+            self.stats.record_request(result.is_ok(), arrived.elapsed());
+        }
         result
     }
 
-    async fn run(&self, mut request: InferRequest) -> InferResult {
+    async fn run(&self, cx: CallContext, mut request: InferRequest) -> InferResult {
         // An output asked for twice is answered once, as Triton does.
         let mut seen = std::collections::HashSet::new();
         request.outputs.retain(|o| seen.insert(o.name.clone()));
         self.validate(&request)?;
         let requested = request.outputs.clone();
         let id = request.id.clone();
-        let mut response = self.scheduler.submit(request).await?;
+        let mut response = self.scheduler.submit(cx, request).await?;
         response.outputs =
             self.select_outputs(std::mem::take(&mut response.outputs), &requested)?;
         response.model_name.clone_from(&self.name);

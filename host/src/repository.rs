@@ -13,14 +13,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, Weak};
 
-use crate::backend::{self, LoadContext};
-use crate::config::{self, BackendKind, ModelConfig, pb};
-use crate::infer::InferError;
+use crate::backend::{self, Backends, LoadContext};
+use crate::config::{self, BackendKind, ModelConfig, model_file, pb};
+use crate::infer::{InferError, Inference};
 use crate::metrics::ModelStats;
 use crate::model::ModelVersion;
 use crate::scheduler::rate_limit::{RateLimiter, Requirement, Share};
 use crate::scheduler::{BatchPolicy, Executor, Scheduler};
-use crate::server::Server;
 
 /// Lifecycle state of a model version, named as Triton names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,13 +80,27 @@ pub struct LoadOptions {
 pub struct Repository {
     paths: Vec<PathBuf>,
     models: RwLock<BTreeMap<String, ModelEntry>>,
+    /// What loads a model of each kind.
+    backends: Backends,
+    /// Shared by every instance that names rate-limiter resources.
+    limiter: Arc<RateLimiter>,
+    /// The request path, for models that call other models.
+    inference: Weak<dyn Inference>,
 }
 
 impl Repository {
-    pub fn new(paths: Vec<PathBuf>) -> Repository {
+    pub fn new(
+        paths: Vec<PathBuf>,
+        backends: Backends,
+        limiter: Arc<RateLimiter>,
+        inference: Weak<dyn Inference>,
+    ) -> Repository {
         Repository {
             paths,
             models: RwLock::new(BTreeMap::new()),
+            backends,
+            limiter,
+            inference,
         }
     }
 
@@ -99,54 +112,31 @@ impl Repository {
         self.models.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Model directories found in the repository paths (a name present twice is an error).
-    fn discover(&self) -> Result<BTreeMap<String, PathBuf>, String> {
-        let mut found = BTreeMap::new();
-        for root in &self.paths {
-            let entries = std::fs::read_dir(root)
-                .map_err(|e| format!("cannot read model repository {}: {e}", root.display()))?;
-            for entry in entries.flatten() {
-                let path = entry.path();
-                let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned)
-                else {
-                    continue;
-                };
-                if !path.is_dir() || name.starts_with('.') {
-                    continue;
-                }
-                if let Some(previous) = found.insert(name.clone(), path.clone()) {
-                    return Err(format!(
-                        "model '{name}' appears in two repositories: {} and {}",
-                        previous.display(),
-                        path.display()
-                    ));
-                }
-            }
-        }
-        Ok(found)
-    }
-
     /// Loads every model. Ensembles load last, as they refer to the others.
-    pub async fn load_all(
-        &self,
-        server: Weak<Server>,
-        options: &LoadOptions,
-    ) -> Result<(), String> {
-        let found = self.discover()?;
-        let mut prepared: Vec<(String, ModelEntry, Option<BackendKind>)> = found
-            .into_iter()
-            .map(|(name, path)| {
-                let (entry, kind) = prepare(&name, &path, options);
-                (name, entry, kind)
+    pub async fn load_all(&self, options: &LoadOptions) -> Result<(), String> {
+        // Reading directories and configs (and ONNX files, for auto-complete) blocks.
+        let (paths, options) = (self.paths.clone(), options.clone());
+        let mut prepared: Vec<(String, ModelEntry, Option<BackendKind>)> =
+            tokio::task::spawn_blocking(move || {
+                discover(&paths).map(|found| {
+                    found
+                        .into_iter()
+                        .map(|(name, path)| {
+                            let (entry, kind) = prepare(&name, &path, &options);
+                            (name, entry, kind)
+                        })
+                        .collect()
+                })
             })
-            .collect();
+            .await
+            .map_err(|e| format!("reading the repository failed: {e}"))??;
         let depths = ensemble_depths(&prepared);
         // Plain models first, then ensembles, each after the ensembles it uses as steps.
         prepared.sort_by_key(|(name, _, _)| depths.get(name).copied().unwrap_or(0));
         for (name, entry, kind) in prepared {
             self.write().insert(name.clone(), entry.clone());
             let Some(kind) = kind else { continue };
-            let loaded = load_versions(&name, entry, kind, &server).await;
+            let loaded = self.load_versions(&name, entry, kind).await;
             self.write().insert(name, loaded);
         }
         Ok(())
@@ -288,6 +278,32 @@ impl Repository {
             }
         }
     }
+}
+
+/// Model directories found in the repository paths (a name present twice is an error).
+fn discover(paths: &[PathBuf]) -> Result<BTreeMap<String, PathBuf>, String> {
+    let mut found = BTreeMap::new();
+    for root in paths {
+        let entries = std::fs::read_dir(root)
+            .map_err(|e| format!("cannot read model repository {}: {e}", root.display()))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+                continue;
+            };
+            if !path.is_dir() || name.starts_with('.') {
+                continue;
+            }
+            if let Some(previous) = found.insert(name.clone(), path.clone()) {
+                return Err(format!(
+                    "model '{name}' appears in two repositories: {} and {}",
+                    previous.display(),
+                    path.display()
+                ));
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// How deep each ensemble nests: 1 for an ensemble of plain models, 1 + the deepest step for an
@@ -497,16 +513,6 @@ fn select_versions(config: &ModelConfig, available: &[i64]) -> Result<Vec<i64>, 
     }
 }
 
-/// The model file of a version: `default_model_filename` or the backend's default.
-pub fn model_file(config: &ModelConfig, version_dir: &Path, default: &str) -> PathBuf {
-    let name = if config.default_model_filename.is_empty() {
-        default
-    } else {
-        &config.default_model_filename
-    };
-    version_dir.join(name)
-}
-
 /// Reads the label files named by outputs (`label_filename`, one label per line).
 fn read_labels(
     config: &ModelConfig,
@@ -565,86 +571,88 @@ fn executors(
         .collect())
 }
 
-/// Loads each selected version of a prepared model.
-async fn load_versions(
-    name: &str,
-    mut entry: ModelEntry,
-    kind: BackendKind,
-    server: &Weak<Server>,
-) -> ModelEntry {
-    let Some(config) = entry.config.clone() else {
-        return entry;
-    };
-    let Some(limiter) = server.upgrade().map(|s| s.rate_limiter.clone()) else {
-        return entry;
-    };
-    let labels = match read_labels(&config, &entry.path) {
-        Ok(l) => l,
-        Err(e) => {
-            for status in entry.versions.values_mut() {
-                status.state = ModelState::Unavailable;
-                status.reason.clone_from(&e);
-            }
+impl Repository {
+    /// Loads each selected version of a prepared model.
+    async fn load_versions(
+        &self,
+        name: &str,
+        mut entry: ModelEntry,
+        kind: BackendKind,
+    ) -> ModelEntry {
+        let Some(config) = entry.config.clone() else {
             return entry;
-        }
-    };
-    for (&version, status) in entry.versions.iter_mut() {
-        let ctx = LoadContext {
-            name: name.to_owned(),
-            version,
-            config: config.clone(),
-            model_dir: entry.path.clone(),
-            version_dir: entry.path.join(version.to_string()),
-            server: server.clone(),
         };
-        let loaded = backend::load_instances(kind, &ctx)
-            .await
-            .and_then(|instances| executors(&config, instances, &limiter));
-        match loaded {
-            Ok(executors) => {
-                let stats = Arc::new(ModelStats::default());
-                let scheduler = Scheduler::start(
-                    BatchPolicy::from_config(&config),
-                    executors,
-                    stats.clone(),
-                    limiter.clone(),
-                );
-                let model = ModelVersion::new(
-                    name.to_owned(),
-                    version,
-                    kind,
-                    config.clone(),
-                    labels.clone(),
-                    scheduler,
-                    stats,
-                );
-                if let Err(e) = crate::warmup::run(&model, &entry.path).await {
+        let limiter = &self.limiter;
+        let labels = match read_labels(&config, &entry.path) {
+            Ok(l) => l,
+            Err(e) => {
+                for status in entry.versions.values_mut() {
+                    status.state = ModelState::Unavailable;
+                    status.reason.clone_from(&e);
+                }
+                return entry;
+            }
+        };
+        for (&version, status) in entry.versions.iter_mut() {
+            let ctx = LoadContext {
+                name: name.to_owned(),
+                version,
+                config: config.clone(),
+                model_dir: entry.path.clone(),
+                version_dir: entry.path.join(version.to_string()),
+                inference: self.inference.clone(),
+            };
+            let loaded = self
+                .backends
+                .load_instances(kind, &ctx)
+                .await
+                .and_then(|instances| executors(&config, instances, limiter));
+            match loaded {
+                Ok(executors) => {
+                    let stats = Arc::new(ModelStats::default());
+                    let scheduler = Scheduler::start(
+                        BatchPolicy::from_config(&config),
+                        executors,
+                        stats.clone(),
+                        limiter.clone(),
+                    );
+                    let model = ModelVersion::new(
+                        name.to_owned(),
+                        version,
+                        kind,
+                        config.clone(),
+                        labels.clone(),
+                        scheduler,
+                        stats,
+                    );
+                    if let Err(e) = crate::warmup::run(&model, &entry.path).await {
+                        tracing::error!(model = name, version, "UNAVAILABLE: {e}");
+                        *status = VersionStatus {
+                            state: ModelState::Unavailable,
+                            reason: e,
+                            model: None,
+                        };
+                        continue;
+                    }
+                    tracing::info!(model = name, version, "READY");
+                    *status = VersionStatus {
+                        state: ModelState::Ready,
+                        reason: String::new(),
+                        model: Some(Arc::new(model)),
+                    };
+                }
+                Err(e) => {
                     tracing::error!(model = name, version, "UNAVAILABLE: {e}");
                     *status = VersionStatus {
                         state: ModelState::Unavailable,
-                        reason: e,
+                        reason: e.to_string(),
                         model: None,
                     };
-                    continue;
                 }
-                tracing::info!(model = name, version, "READY");
-                *status = VersionStatus {
-                    state: ModelState::Ready,
-                    reason: String::new(),
-                    model: Some(Arc::new(model)),
-                };
-            }
-            Err(e) => {
-                tracing::error!(model = name, version, "UNAVAILABLE: {e}");
-                *status = VersionStatus {
-                    state: ModelState::Unavailable,
-                    reason: e.to_string(),
-                    model: None,
-                };
             }
         }
+        entry
     }
-    entry
 }
 
 #[cfg(test)]

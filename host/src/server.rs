@@ -1,14 +1,24 @@
-//! The server core that every front-end shares: the repository and the single entry point of the
-//! request path, [`Server::infer`].
+//! The server core that every front-end shares: the repository, the single entry point of the
+//! request path ([`Server::infer`], also the [`Inference`] that backends call back into), and
+//! the small API front-ends use instead of reaching into internals.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-use crate::backend::wasm::WasmRuntime;
-use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
-use crate::repository::{LoadOptions, Repository};
+use crate::backend::Backends;
+use crate::backend::ensemble::EnsembleBackend;
+use crate::backend::onnx::OnnxBackend;
+use crate::backend::wasm::{WasmBackend, WasmRuntime};
+use crate::config::{BackendKind, ModelConfig};
+use crate::infer::{
+    BoxFuture, CallContext, ErrorKind, InferError, InferRequest, InferResult, Inference,
+};
+use crate::metrics::StatsSnapshot;
+use crate::repository::{IndexRow, LoadOptions, Repository};
 use crate::scheduler::rate_limit::RateLimiter;
+use crate::signature::ModelMetadata;
 
 /// Server-wide settings (the command line, minus the ports).
 #[derive(Clone, Debug, Default)]
@@ -29,31 +39,50 @@ pub struct ServerOptions {
 pub const MAX_CALL_DEPTH: usize = 8;
 
 pub struct Server {
-    pub options: ServerOptions,
-    pub repository: Repository,
-    pub wasm: WasmRuntime,
-    pub rate_limiter: Arc<RateLimiter>,
+    options: ServerOptions,
+    repository: Repository,
+    wasm: Arc<WasmRuntime>,
     /// BLS calls in flight, to refuse calls that would deadlock across requests.
     waits: WaitGraph,
+}
+
+/// The statistics of one model version.
+pub struct VersionStatistics {
+    pub name: String,
+    pub version: i64,
+    pub stats: StatsSnapshot,
 }
 
 impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
-        let wasm = WasmRuntime::new(options.wasm_cache_dir.clone())?;
-        let server = Arc::new(Server {
-            repository: Repository::new(options.model_repositories.clone()),
-            rate_limiter: Arc::new(RateLimiter::new(
-                options.rate_limit,
-                &options.rate_limit_resources,
-            )),
-            options,
-            wasm,
-            waits: WaitGraph::default(),
+        let wasm = Arc::new(WasmRuntime::new(options.wasm_cache_dir.clone())?);
+        let limiter = Arc::new(RateLimiter::new(
+            options.rate_limit,
+            &options.rate_limit_resources,
+        ));
+        let backends = Backends::default()
+            .with(BackendKind::Onnx, Arc::new(OnnxBackend))
+            .with(BackendKind::Wasm, Arc::new(WasmBackend(wasm.clone())))
+            .with(BackendKind::Ensemble, Arc::new(EnsembleBackend));
+        // Models hold the request path weakly: they are owned by the server they call into.
+        let server = Arc::new_cyclic(|me: &Weak<Server>| {
+            let inference: Weak<dyn Inference> = me.clone();
+            Server {
+                repository: Repository::new(
+                    options.model_repositories.clone(),
+                    backends,
+                    limiter,
+                    inference,
+                ),
+                options,
+                wasm,
+                waits: WaitGraph::default(),
+            }
         });
         server
             .repository
-            .load_all(Arc::downgrade(&server), &server.options.load)
+            .load_all(&server.options.load)
             .await
             .map_err(anyhow::Error::msg)?;
         Ok(server)
@@ -63,27 +92,28 @@ impl Server {
     /// and Wasm handlers' `infer` calls all come through here, into that model's queue.
     pub async fn infer(
         &self,
+        cx: CallContext,
         model: &str,
         version: Option<i64>,
         request: InferRequest,
     ) -> InferResult {
-        if request.call_chain.iter().any(|caller| caller == model) {
+        if cx.call_chain.iter().any(|caller| caller == model) {
             return Err(InferError::new(
                 ErrorKind::ResourceExhausted,
                 format!(
                     "BLS cycle: {} -> {model} would wait on itself",
-                    request.call_chain.join(" -> ")
+                    cx.call_chain.join(" -> ")
                 ),
             ));
         }
-        if request.call_chain.len() >= MAX_CALL_DEPTH {
+        if cx.call_chain.len() >= MAX_CALL_DEPTH {
             return Err(InferError::new(
                 ErrorKind::ResourceExhausted,
                 format!("BLS call depth limit of {MAX_CALL_DEPTH} exceeded calling '{model}'"),
             ));
         }
         let target = self.repository.ready_model(model, version)?;
-        let _waiting = match request.call_chain.last() {
+        let _waiting = match cx.caller() {
             Some(caller) => Some(self.waits.enter(caller, model).map_err(|cycle| {
                 InferError::new(
                     ErrorKind::ResourceExhausted,
@@ -95,7 +125,85 @@ impl Server {
             })?),
             None => None,
         };
-        target.infer(request).await
+        target.infer(cx, request).await
+    }
+
+    /// The metadata of a READY version (`version` None: the newest).
+    pub fn model_metadata(
+        &self,
+        model: &str,
+        version: Option<i64>,
+    ) -> Result<ModelMetadata, InferError> {
+        let m = self.repository.ready_model(model, version)?;
+        let versions = match version {
+            Some(v) => vec![v],
+            None => self.repository.versions(model),
+        };
+        Ok(ModelMetadata::new(
+            &m.name,
+            &m.config,
+            &m.signature,
+            versions,
+        ))
+    }
+
+    /// Ok when the version is READY. Err `NotFound` when the model or version does not exist,
+    /// `Unavailable` when it exists but is not ready.
+    pub fn model_ready(&self, model: &str, version: Option<i64>) -> Result<(), InferError> {
+        match self.repository.ready_model(model, version) {
+            Ok(_) => Ok(()),
+            Err(e) if !self.repository.contains(model, version) => Err(e),
+            Err(e) => Err(InferError::unavailable(e.message)),
+        }
+    }
+
+    /// The configuration of a model, even when no version is ready.
+    pub fn model_config(
+        &self,
+        model: &str,
+        version: Option<i64>,
+    ) -> Result<Arc<ModelConfig>, InferError> {
+        if !self.repository.contains(model, version) {
+            return Err(InferError::not_found(format!(
+                "Request for unknown model: '{model}' is not found"
+            )));
+        }
+        self.repository.config(model).ok_or_else(|| {
+            InferError::unavailable(format!("model '{model}' has no usable configuration"))
+        })
+    }
+
+    /// Statistics of the READY versions of `model` (every model when `None`).
+    pub fn statistics(
+        &self,
+        model: Option<&str>,
+        version: Option<i64>,
+    ) -> Result<Vec<VersionStatistics>, InferError> {
+        if let Some(m) = model
+            && !self.repository.contains(m, version)
+        {
+            return Err(InferError::not_found(format!(
+                "Request for unknown model: '{m}' is not found"
+            )));
+        }
+        Ok(self
+            .repository
+            .ready_versions()
+            .iter()
+            .filter(|m| {
+                model.is_none_or(|name| m.name == name) && version.is_none_or(|v| m.version == v)
+            })
+            .map(|m| VersionStatistics {
+                name: m.name.clone(),
+                version: m.version,
+                stats: m.stats.snapshot(),
+            })
+            .collect())
+    }
+
+    /// Every model and version with its state.
+    pub fn repository_index(&self) -> Vec<IndexRow> {
+        self.repository.index()
     }
 
     /// Prometheus text for `/metrics`, with latency summaries when `summaries` is set.
@@ -122,6 +230,34 @@ impl Server {
     /// Readiness, as Triton defines it.
     pub fn ready(&self) -> bool {
         !self.options.strict_readiness || self.repository.all_ready()
+    }
+
+    /// Unloads every model: queued work finishes, then instances are dropped, and Wasm handlers'
+    /// `finalize` runs; waits for those at most `drain`.
+    pub async fn shutdown(&self, drain: Duration) {
+        self.repository.unload_all();
+        self.wasm.drain(drain).await;
+    }
+}
+
+impl Inference for Server {
+    fn infer<'a>(
+        &'a self,
+        cx: CallContext,
+        model: &'a str,
+        version: Option<i64>,
+        request: InferRequest,
+    ) -> BoxFuture<'a, InferResult> {
+        Box::pin(Server::infer(self, cx, model, version, request))
+    }
+
+    fn metadata(
+        &self,
+        _cx: &CallContext,
+        model: &str,
+        version: Option<i64>,
+    ) -> Result<ModelMetadata, InferError> {
+        self.model_metadata(model, version)
     }
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::config::{datatype_from_config, pb};
-use crate::infer::{InferError, InferRequest};
+use crate::infer::{CallContext, InferError, InferRequest};
 use crate::model::ModelVersion;
 use crate::tensor::{DataType, Tensor, TensorData, element_count};
 
@@ -114,8 +114,12 @@ pub async fn run(model: &ModelVersion, model_dir: &Path) -> Result<(), String> {
     for warmup in &model.config.model_warmup {
         let request = request(warmup, batched, model_dir)?;
         for _ in 0..warmup.count.max(1) {
+            let cx = CallContext {
+                warmup: true,
+                ..CallContext::root()
+            };
             model
-                .infer(request.clone())
+                .infer(cx, request.clone())
                 .await
                 .map_err(|e: InferError| {
                     format!("warmup '{}' failed: {}", warmup.name, e.message)

@@ -1,9 +1,17 @@
-//! The inference request path's vocabulary: what every front-end (HTTP, an ensemble step, a Wasm
-//! handler's `infer` call) hands to [`crate::server::Server::infer`], and what comes back.
+//! The inference request path's vocabulary: what every caller (HTTP, an ensemble step, a Wasm
+//! handler's `infer` call) hands to an [`Inference`], and what comes back.
+//!
+//! [`Inference`] is how code low in the server (backends, the Wasm host, ensemble steps) calls
+//! back into the request path without knowing the server: it is defined here, at the bottom, and
+//! implemented at the top. Every call carries a [`CallContext`]: who is calling (the chain of
+//! models waiting on this call), until when, and the trace span, kept out of the request itself.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
 
+use crate::signature::ModelMetadata;
 use crate::tensor::Tensor;
 
 /// A request parameter (KServe v2 `parameters`).
@@ -37,8 +45,6 @@ pub struct InferRequest {
     pub priority: u32,
     /// Queue timeout override, honoured when the model's queue policy allows it.
     pub timeout: Option<Duration>,
-    /// Models this request was issued from by BLS calls, outermost first; guards cycles and depth.
-    pub call_chain: Vec<String>,
 }
 
 /// The answer to one request.
@@ -105,3 +111,82 @@ impl InferError {
 }
 
 pub type InferResult = Result<InferResponse, InferError>;
+
+/// The context a request is made in: it travels beside the request through the queue to the
+/// instance that runs it, and on into any call that instance makes.
+#[derive(Clone, Debug)]
+pub struct CallContext {
+    /// Models waiting on this call, outermost first (a handler or ensemble that called it, and
+    /// their callers). Empty for a client's request. Guards BLS cycles and depth.
+    pub call_chain: Vec<String>,
+    /// When the caller stops waiting, if it does (the execution deadline of a calling handler).
+    pub deadline: Option<Instant>,
+    /// A warmup request: it runs like any other but is not counted in statistics or metrics.
+    pub warmup: bool,
+    /// The span of the call, so work done for it is logged under it.
+    pub span: tracing::Span,
+}
+
+impl CallContext {
+    /// A client's request: no caller, no deadline, logged under the current span.
+    pub fn root() -> CallContext {
+        CallContext {
+            call_chain: Vec::new(),
+            deadline: None,
+            warmup: false,
+            span: tracing::Span::current(),
+        }
+    }
+
+    /// The context of a call that `model` makes while serving this one.
+    pub fn call_from(&self, model: &str) -> CallContext {
+        let mut call_chain = self.call_chain.clone();
+        call_chain.push(model.to_owned());
+        CallContext {
+            call_chain,
+            deadline: self.deadline,
+            warmup: self.warmup,
+            span: self.span.clone(),
+        }
+    }
+
+    /// The model that made this call, if a model did.
+    pub fn caller(&self) -> Option<&str> {
+        self.call_chain.last().map(String::as_str)
+    }
+}
+
+/// A request and the context it was made in: what a model's queue holds and what an instance
+/// executes.
+#[derive(Debug)]
+pub struct Call {
+    pub cx: CallContext,
+    pub request: InferRequest,
+}
+
+/// A boxed future, as trait objects return them.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The request path, as anything below the server sees it: run a model, or look one up.
+///
+/// Implemented by the server. Backends, the Wasm host and ensemble steps hold a
+/// `Weak<dyn Inference>`, never the server itself, so they depend only on this layer.
+pub trait Inference: Send + Sync + 'static {
+    /// Runs `request` on `model` (`version` `None`: the newest READY version), through that
+    /// model's queue.
+    fn infer<'a>(
+        &'a self,
+        cx: CallContext,
+        model: &'a str,
+        version: Option<i64>,
+        request: InferRequest,
+    ) -> BoxFuture<'a, InferResult>;
+
+    /// The metadata of a READY version of `model`.
+    fn metadata(
+        &self,
+        cx: &CallContext,
+        model: &str,
+        version: Option<i64>,
+    ) -> Result<ModelMetadata, InferError>;
+}

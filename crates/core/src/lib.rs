@@ -5,6 +5,7 @@
 //!   shared with guests).
 //! - [`infer`]: the request path's vocabulary: `InferRequest`, `InferResponse`, `InferError`.
 //! - [`config`]: Triton's `ModelConfig`, read from `config.pbtxt`.
+//! - [`signature`]: a model's inputs and outputs, and the metadata front-ends report.
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
 //!
 //! Everything here is pure (no I/O beyond reading a config file, no async), so the decoders can be
@@ -13,4 +14,5 @@
 pub mod config;
 pub mod infer;
 pub mod kserve;
+pub mod signature;
 pub mod tensor;

@@ -2,8 +2,8 @@
 //!
 //! The steps form a DAG over named tensors: a step starts as soon as every tensor it reads exists,
 //! independent steps run concurrently, and intermediate tensors stay in memory. Each step is an
-//! ordinary request to its model through [`crate::server::Server::infer`], so it goes through that
-//! model's own queue and dynamic batcher, shared with everybody else's requests.
+//! ordinary request to its model through [`Inference::infer`] (the server's request path), so it
+//! goes through that model's own queue and dynamic batcher, shared with everybody else's requests.
 //!
 //! The plan is checked at load time: every step's model must be loaded, every mapped name must
 //! be an input or output of that model, every tensor read must be produced exactly once, the
@@ -14,13 +14,15 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use super::{ComputeTiming, Executed, LoadContext, LoadError, ModelInstance};
+use super::{Backend, Executed, LoadContext, LoadError, ModelInstance};
 use crate::config::{self, ModelConfig};
-use crate::infer::{InferError, InferRequest, InferResponse, InferResult, RequestedOutput};
-use crate::server::Server;
+use crate::infer::{
+    BoxFuture, Call, CallContext, InferError, InferRequest, InferResponse, InferResult, Inference,
+    RequestedOutput,
+};
+use crate::metrics::ExecutionTiming;
 use crate::tensor::{DataType, Tensor};
 
 /// Concurrent requests one ensemble runs; its steps queue at their own models.
@@ -46,7 +48,8 @@ struct Plan {
 }
 
 /// Checks the ensemble against the loaded models and builds its plan.
-fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadError> {
+fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<Plan, LoadError> {
+    let cx = CallContext::root();
     let scheduling = config::ensemble_scheduling(config)
         .filter(|s| !s.step.is_empty())
         .ok_or_else(|| {
@@ -72,18 +75,12 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
             )));
         }
         let version = (step.model_version > 0).then_some(step.model_version);
-        let target = server
-            .repository
-            .ready_model(&step.model_name, version)
+        let target = inference
+            .metadata(&cx, &step.model_name, version)
             .map_err(|e| LoadError::new(format!("{label}: {}", e.message)))?;
         let mut inputs = Vec::new();
         for (model_input, tensor) in &step.input_map {
-            if !target
-                .signature
-                .inputs
-                .iter()
-                .any(|s| &s.name == model_input)
-            {
+            if !target.inputs.iter().any(|s| &s.name == model_input) {
                 return Err(LoadError::new(format!(
                     "{label}: '{model_input}' is not an input of '{}'",
                     step.model_name
@@ -93,12 +90,7 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
         }
         let mut outputs = Vec::new();
         for (model_output, tensor) in &step.output_map {
-            let Some(spec) = target
-                .signature
-                .outputs
-                .iter()
-                .find(|s| &s.name == model_output)
-            else {
+            let Some(spec) = target.outputs.iter().find(|s| &s.name == model_output) else {
                 return Err(LoadError::new(format!(
                     "{label}: '{model_output}' is not an output of '{}'",
                     step.model_name
@@ -112,7 +104,7 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
             produced.insert(tensor.clone(), (spec.datatype, label.clone()));
             outputs.push((model_output.clone(), tensor.clone()));
         }
-        for spec in target.signature.inputs.iter().filter(|s| !s.optional) {
+        for spec in target.inputs.iter().filter(|s| !s.optional) {
             if !step.input_map.contains_key(&spec.name) {
                 return Err(LoadError::new(format!(
                     "{label}: required input '{}' is not mapped",
@@ -129,9 +121,8 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
     }
     // Every read tensor exists, with the datatype the reader expects.
     for step in &steps {
-        let target = server
-            .repository
-            .ready_model(&step.model, step.version)
+        let target = inference
+            .metadata(&cx, &step.model, step.version)
             .map_err(|e| LoadError::new(e.message))?;
         for (model_input, tensor) in &step.inputs {
             let Some((dt, by)) = produced.get(tensor) else {
@@ -141,7 +132,6 @@ fn plan(name: &str, config: &ModelConfig, server: &Server) -> Result<Plan, LoadE
                 )));
             };
             let want = target
-                .signature
                 .inputs
                 .iter()
                 .find(|s| &s.name == model_input)
@@ -202,17 +192,29 @@ fn check_acyclic(steps: &[Step], config: &ModelConfig) -> Result<(), LoadError> 
     }
 }
 
-pub fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-    let server = ctx
-        .server
+/// The ensemble backend: each instance runs requests through the validated plan.
+pub struct EnsembleBackend;
+
+impl Backend for EnsembleBackend {
+    fn load<'a>(
+        &'a self,
+        ctx: &'a LoadContext,
+    ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>> {
+        Box::pin(async move { load(ctx) })
+    }
+}
+
+fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
+    let inference = ctx
+        .inference
         .upgrade()
         .ok_or_else(|| LoadError::new("server is shutting down"))?;
-    let plan = Arc::new(plan(&ctx.name, &ctx.config, &server)?);
+    let plan = Arc::new(plan(&ctx.name, &ctx.config, inference.as_ref())?);
     Ok((0..ENSEMBLE_CONCURRENCY)
         .map(|_| {
             Box::new(EnsembleInstance {
                 plan: plan.clone(),
-                server: ctx.server.clone(),
+                inference: ctx.inference.clone(),
             }) as Box<dyn ModelInstance>
         })
         .collect())
@@ -220,18 +222,20 @@ pub fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError>
 
 struct EnsembleInstance {
     plan: Arc<Plan>,
-    server: Weak<Server>,
+    inference: Weak<dyn Inference>,
 }
 
 impl ModelInstance for EnsembleInstance {
-    fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed> {
+    fn execute(&mut self, batch: Vec<Call>) -> BoxFuture<'_, Executed> {
         async move {
             let started = Instant::now();
-            let runs = batch.into_iter().map(|r| run(&self.plan, &self.server, r));
+            let runs = batch
+                .into_iter()
+                .map(|c| run(&self.plan, &self.inference, c.cx, c.request));
             let results = futures::future::join_all(runs).await;
             Executed {
                 results,
-                timing: ComputeTiming {
+                timing: ExecutionTiming {
                     infer: started.elapsed(),
                     ..Default::default()
                 },
@@ -242,12 +246,16 @@ impl ModelInstance for EnsembleInstance {
 }
 
 /// Runs one request through the DAG.
-async fn run(plan: &Plan, server: &Weak<Server>, request: InferRequest) -> InferResult {
-    let server = server
+async fn run(
+    plan: &Plan,
+    inference: &Weak<dyn Inference>,
+    cx: CallContext,
+    request: InferRequest,
+) -> InferResult {
+    let inference = inference
         .upgrade()
         .ok_or_else(|| InferError::unavailable("the server is shutting down"))?;
-    let mut chain = request.call_chain.clone();
-    chain.push(plan.name.clone());
+    let step_cx = cx.call_from(&plan.name);
     let mut tensors: HashMap<String, Tensor> = request
         .inputs
         .into_iter()
@@ -285,13 +293,15 @@ async fn run(plan: &Plan, server: &Weak<Server>, request: InferRequest) -> Infer
                 parameters: request.parameters.clone(),
                 priority: request.priority,
                 timeout: request.timeout,
-                call_chain: chain.clone(),
             };
-            let server = server.clone();
+            let inference = inference.clone();
+            let step_cx = step_cx.clone();
             running.push(async move {
                 (
                     i,
-                    server.infer(&step.model, step.version, step_request).await,
+                    inference
+                        .infer(step_cx, &step.model, step.version, step_request)
+                        .await,
                 )
             });
         }

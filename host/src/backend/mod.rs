@@ -4,41 +4,65 @@
 //! [`ModelInstance`]. The scheduler owns the instances of a model version and hands each a batch
 //! it formed from the model's queue; the instance returns one result per request, in order.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
-
-use futures::future::BoxFuture;
 
 use crate::config::{BackendKind, ModelConfig};
-use crate::infer::{InferRequest, InferResult};
-use crate::server::Server;
+use crate::infer::{BoxFuture, Call, InferResult, Inference};
+use crate::metrics::ExecutionTiming;
 
 pub mod ensemble;
 pub mod onnx;
 pub mod wasm;
 
-/// Time spent in the three phases Triton reports, for one batch.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ComputeTiming {
-    pub input: Duration,
-    pub infer: Duration,
-    pub output: Duration,
-}
-
 /// What an instance returns for a batch: one result per request, in order.
 pub struct Executed {
     pub results: Vec<InferResult>,
-    pub timing: ComputeTiming,
+    pub timing: ExecutionTiming,
 }
 
 /// One execution context of a model version (Triton's "model instance").
 ///
-/// `execute` receives the requests of one batch, already validated against the configuration
-/// and compatible with each other (same non-batch shapes). The returned responses carry only
-/// outputs; the caller fills in the model name, version and id, and filters requested outputs.
+/// `execute` receives the requests of one batch with the context of each call, already
+/// validated against the configuration and compatible with each other (same non-batch shapes).
+/// The returned responses carry only outputs; the caller fills in the model name, version and id,
+/// and filters requested outputs.
 pub trait ModelInstance: Send + 'static {
-    fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed>;
+    fn execute(&mut self, batch: Vec<Call>) -> BoxFuture<'_, Executed>;
+}
+
+/// A kind of backend: creates the instances of a model version.
+pub trait Backend: Send + Sync + 'static {
+    fn load<'a>(
+        &'a self,
+        ctx: &'a LoadContext,
+    ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>>;
+}
+
+/// The backends a server offers, by kind; owned by the server and handed to the repository.
+#[derive(Default)]
+pub struct Backends(HashMap<BackendKind, Arc<dyn Backend>>);
+
+impl Backends {
+    pub fn with(mut self, kind: BackendKind, backend: Arc<dyn Backend>) -> Backends {
+        self.0.insert(kind, backend);
+        self
+    }
+
+    /// Creates the instances of a model version with the backend its configuration names.
+    pub async fn load_instances(
+        &self,
+        kind: BackendKind,
+        ctx: &LoadContext,
+    ) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
+        check_instance_groups(&ctx.config)?;
+        let backend = self
+            .0
+            .get(&kind)
+            .ok_or_else(|| LoadError::new(format!("this server has no {kind:?} backend")))?;
+        backend.load(ctx).await
+    }
 }
 
 /// Everything a backend needs to load one version of a model.
@@ -48,8 +72,8 @@ pub struct LoadContext {
     pub config: Arc<ModelConfig>,
     pub model_dir: PathBuf,
     pub version_dir: PathBuf,
-    /// The server, for backends that call other models (Wasm BLS, ensembles).
-    pub server: Weak<Server>,
+    /// The request path, for backends that call other models (Wasm BLS, ensembles).
+    pub inference: Weak<dyn Inference>,
 }
 
 /// A load failure; the version becomes UNAVAILABLE with this message.
@@ -96,17 +120,4 @@ pub fn check_instance_groups(config: &ModelConfig) -> Result<(), LoadError> {
         }
     }
     Ok(())
-}
-
-/// Creates the instances of a model version with the backend its configuration names.
-pub async fn load_instances(
-    kind: BackendKind,
-    ctx: &LoadContext,
-) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-    check_instance_groups(&ctx.config)?;
-    match kind {
-        BackendKind::Onnx => onnx::load(ctx).await,
-        BackendKind::Wasm => wasm::load(ctx).await,
-        BackendKind::Ensemble => ensemble::load(ctx),
-    }
 }

@@ -21,14 +21,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use ort::session::Session;
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 
-use super::{ComputeTiming, Executed, LoadContext, LoadError, ModelInstance};
-use crate::config::{ModelConfig, ModelSignature, TensorSignature, string_parameter};
-use crate::infer::{InferError, InferRequest, InferResponse, InferResult};
-use crate::repository::model_file;
+use super::{Backend, Executed, LoadContext, LoadError, ModelInstance};
+use crate::config::{ModelConfig, ModelSignature, TensorSignature, model_file, string_parameter};
+use crate::infer::{BoxFuture, Call, InferError, InferRequest, InferResponse, InferResult};
+use crate::metrics::ExecutionTiming;
 use crate::tensor::{DataType, Tensor, TensorData};
 
 /// The ONNX Runtime release the project pins (see `scripts/setup-python.sh`).
@@ -135,7 +134,11 @@ fn datatype_of(ty: TensorElementType) -> Option<DataType> {
 /// What the model file declares, for auto-completion.
 pub fn signature(path: &Path) -> Result<ModelSignature, LoadError> {
     runtime()?;
-    let session = open_session(path, 1, 1)?;
+    signature_of(&open_session(path, 1, 1)?)
+}
+
+/// What an open session's model declares.
+fn signature_of(session: &Session) -> Result<ModelSignature, LoadError> {
     let describe = |outlets: &[ort::value::Outlet]| -> Result<Vec<TensorSignature>, LoadError> {
         outlets
             .iter()
@@ -207,7 +210,7 @@ impl OnnxInstance {
                         failed(
                             n,
                             InferError::internal("ONNX Runtime execution panicked"),
-                            ComputeTiming::default(),
+                            ExecutionTiming::default(),
                         )
                     });
                     let _ = job.done.send(executed);
@@ -218,10 +221,36 @@ impl OnnxInstance {
     }
 }
 
-pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
+/// The ONNX Runtime backend.
+pub struct OnnxBackend;
+
+impl Backend for OnnxBackend {
+    fn load<'a>(
+        &'a self,
+        ctx: &'a LoadContext,
+    ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>> {
+        let (name, config, version_dir) = (
+            ctx.name.clone(),
+            ctx.config.clone(),
+            ctx.version_dir.clone(),
+        );
+        // Opening sessions reads and optimizes the model: seconds of blocking work, kept off the
+        // async workers so loading never stalls requests to other models.
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || load(&name, &config, &version_dir))
+                .await
+                .map_err(|e| LoadError::new(format!("loading the ONNX model failed: {e}")))?
+        })
+    }
+}
+
+fn load(
+    model: &str,
+    config: &ModelConfig,
+    version_dir: &Path,
+) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
     runtime()?;
-    let config = &ctx.config;
-    let path = model_file(config, &ctx.version_dir, "model.onnx");
+    let path = model_file(config, version_dir, "model.onnx");
     let intra = thread_parameter(config, "intra_op_thread_count")?;
     let inter = thread_parameter(config, "inter_op_thread_count")?;
     let plan = Arc::new(Plan {
@@ -240,7 +269,13 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
             .map(|o| (o.name.clone(), o.reshape.as_ref().map(|_| o.dims.clone())))
             .collect(),
     });
-    let declared = signature(&path)?;
+    let count = super::instance_count(config);
+    let mut sessions = Vec::with_capacity(count);
+    for _ in 0..count {
+        sessions.push(open_session(&path, intra, inter)?);
+    }
+    // The first instance's session tells what the file declares; no session just for that.
+    let declared = signature_of(&sessions[0])?;
     for input in &config.input {
         if !declared.inputs.iter().any(|s| s.name == input.name) {
             return Err(LoadError::new(format!(
@@ -266,16 +301,16 @@ pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, Load
         }
     }
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
-    for i in 0..super::instance_count(config) {
-        let session = open_session(&path, intra, inter)?;
-        let name = format!("onnx-{}-{i}", ctx.name);
+    for (i, session) in sessions.into_iter().enumerate() {
+        let name = format!("onnx-{model}-{i}");
         instances.push(Box::new(OnnxInstance::start(session, plan.clone(), name)?));
     }
     Ok(instances)
 }
 
 impl ModelInstance for OnnxInstance {
-    fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed> {
+    fn execute(&mut self, batch: Vec<Call>) -> BoxFuture<'_, Executed> {
+        let batch: Vec<InferRequest> = batch.into_iter().map(|c| c.request).collect();
         let n = batch.len();
         let (done, result) = tokio::sync::oneshot::channel();
         let sent = self.jobs.send(Job { batch, done });
@@ -284,7 +319,7 @@ impl ModelInstance for OnnxInstance {
                 failed(
                     n,
                     InferError::internal("the ONNX Runtime instance thread stopped"),
-                    ComputeTiming::default(),
+                    ExecutionTiming::default(),
                 )
             };
             match sent {
@@ -296,7 +331,7 @@ impl ModelInstance for OnnxInstance {
     }
 }
 
-fn failed(n: usize, error: InferError, timing: ComputeTiming) -> Executed {
+fn failed(n: usize, error: InferError, timing: ExecutionTiming) -> Executed {
     Executed {
         results: (0..n).map(|_| Err(error.clone())).collect(),
         timing,
@@ -331,14 +366,14 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
         }
         match merge(parts, total_rows, plan.batched, input.reshape.as_deref()).and_then(to_ort) {
             Ok(value) => inputs.push((input.name.clone(), value)),
-            Err(e) => return failed(batch.len(), e, ComputeTiming::default()),
+            Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
         }
     }
     let t1 = Instant::now();
     let outputs = match session.run(inputs) {
         Ok(o) => o,
         Err(e) => {
-            let timing = ComputeTiming {
+            let timing = ExecutionTiming {
                 input: t1 - t0,
                 infer: t1.elapsed(),
                 ..Default::default()
@@ -357,12 +392,12 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
             return failed(
                 batch.len(),
                 InferError::internal(format!("ONNX Runtime produced no output '{name}'")),
-                ComputeTiming::default(),
+                ExecutionTiming::default(),
             );
         };
         let tensor = match from_ort(name, value) {
             Ok(t) => t,
-            Err(e) => return failed(batch.len(), e, ComputeTiming::default()),
+            Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
         };
         match split(tensor, &rows, plan.batched, dims.as_deref()) {
             Ok(parts) => {
@@ -370,7 +405,7 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
                     slot.push(part);
                 }
             }
-            Err(e) => return failed(batch.len(), e, ComputeTiming::default()),
+            Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
         }
     }
     drop(outputs);
@@ -383,7 +418,7 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
             })
         })
         .collect();
-    let timing = ComputeTiming {
+    let timing = ExecutionTiming {
         input: t1 - t0,
         infer: t2 - t1,
         output: t2.elapsed(),

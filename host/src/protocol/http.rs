@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 use super::kserve::{decode_request, encode_response};
 use super::status_of;
 use crate::config;
-use crate::infer::{InferError, ParamValue};
+use crate::infer::{CallContext, ErrorKind, InferError, ParamValue};
 use crate::server::Server;
+use crate::signature::TensorSpec;
 
 const HEADER_LENGTH: &str = "inference-header-content-length";
 
@@ -166,34 +167,19 @@ fn parse_version(v: &str) -> Result<i64, InferError> {
 }
 
 fn metadata(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, InferError> {
-    let m = s.server.repository.ready_model(model, version)?;
-    let batched = m.config.max_batch_size > 0;
-    let tensors = |specs: &[crate::model::TensorSpec]| -> Vec<Value> {
+    let m = s.server.model_metadata(model, version)?;
+    let tensors = |specs: &[TensorSpec]| -> Vec<Value> {
         specs
             .iter()
-            .map(|t| json!({ "name": t.name, "datatype": t.datatype.name(), "shape": t.client_shape(batched) }))
+            .map(|t| json!({ "name": t.name, "datatype": t.datatype.name(), "shape": t.client_shape(m.batched) }))
             .collect()
-    };
-    let versions: Vec<String> = match version {
-        Some(v) => vec![v.to_string()],
-        None => s
-            .server
-            .repository
-            .versions(model)
-            .iter()
-            .map(i64::to_string)
-            .collect(),
-    };
-    let platform = match (m.config.platform.as_str(), m.config.backend.as_str()) {
-        ("", backend) => backend.to_owned(),
-        (platform, _) => platform.to_owned(),
     };
     Ok(json!({
         "name": m.name,
-        "versions": versions,
-        "platform": platform,
-        "inputs": tensors(&m.signature.inputs),
-        "outputs": tensors(&m.signature.outputs),
+        "versions": m.versions.iter().map(i64::to_string).collect::<Vec<_>>(),
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
     }))
 }
 
@@ -211,14 +197,15 @@ async fn model_metadata_v(
 }
 
 fn readiness(s: &AppState, model: &str, version: Option<i64>) -> Response {
-    match s.server.repository.ready_model(model, version) {
-        Ok(_) => StatusCode::OK.into_response(),
-        Err(e) if !s.server.repository.contains(model, version) => error_response(&e),
-        Err(e) => (
+    match s.server.model_ready(model, version) {
+        Ok(()) => StatusCode::OK.into_response(),
+        // Triton answers 400 for a model that exists but is not ready.
+        Err(e) if e.kind == ErrorKind::Unavailable => (
             StatusCode::BAD_REQUEST,
             axum::Json(json!({ "error": e.message })),
         )
             .into_response(),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -237,18 +224,9 @@ async fn model_ready_v(
 }
 
 fn model_config_json(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, InferError> {
-    if !s.server.repository.contains(model, version) {
-        return Err(InferError::not_found(format!(
-            "Request for unknown model: '{model}' is not found"
-        )));
-    }
     s.server
-        .repository
-        .config(model)
+        .model_config(model, version)
         .map(|c| config::to_json(&c))
-        .ok_or_else(|| {
-            InferError::unavailable(format!("model '{model}' has no usable configuration"))
-        })
 }
 
 async fn model_config(State(s): State<AppState>, Path(model): Path<String>) -> Response {
@@ -269,22 +247,11 @@ fn stats_json(
     model: Option<&str>,
     version: Option<i64>,
 ) -> Result<Value, InferError> {
-    if let Some(m) = model
-        && !s.server.repository.contains(m, version)
-    {
-        return Err(InferError::not_found(format!(
-            "Request for unknown model: '{m}' is not found"
-        )));
-    }
     let entries: Vec<Value> = s
         .server
-        .repository
-        .ready_versions()
+        .statistics(model, version)?
         .iter()
-        .filter(|m| {
-            model.is_none_or(|name| m.name == name) && version.is_none_or(|v| m.version == v)
-        })
-        .map(|m| m.stats.snapshot().to_json(&m.name, &m.version.to_string()))
+        .map(|v| v.stats.to_json(&v.name, &v.version.to_string()))
         .collect();
     Ok(json!({ "model_stats": entries }))
 }
@@ -309,8 +276,7 @@ async fn model_stats_v(
 async fn repository_index(State(s): State<AppState>) -> Response {
     let rows: Vec<Value> = s
         .server
-        .repository
-        .index()
+        .repository_index()
         .into_iter()
         .map(|r| {
             let mut row = json!({ "name": r.name, "state": r.state.as_str() });
@@ -399,7 +365,11 @@ async fn run_infer(
         .iter()
         .map(|o| (o.name.clone(), o.binary))
         .collect();
-    let response = match s.server.infer(&model, version, request).await {
+    let response = match s
+        .server
+        .infer(CallContext::root(), &model, version, request)
+        .await
+    {
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };

@@ -18,7 +18,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::ModelInstance;
-use crate::infer::{InferError, InferRequest, InferResult};
+use crate::infer::{Call, CallContext, InferError, InferRequest, InferResult};
 use crate::metrics::ModelStats;
 
 pub use policy::{BatchPolicy, QueuePolicy, TimeoutAction};
@@ -64,7 +64,7 @@ impl Scheduler {
     }
 
     /// Queues `request` and waits for its result.
-    pub async fn submit(&self, request: InferRequest) -> InferResult {
+    pub async fn submit(&self, cx: CallContext, request: InferRequest) -> InferResult {
         let level = self.policy.level_of(request.priority);
         let queue_policy = self.policy.queue_policy(level);
         let now = Instant::now();
@@ -75,7 +75,7 @@ impl Scheduler {
             claim: claim.clone(),
             rows: self.policy.rows_of(&request),
             shape_key: self.policy.shape_key(&request),
-            request,
+            call: Call { cx, request },
             reply,
             enqueued: now,
             deadline,
@@ -157,20 +157,26 @@ async fn run_batch(
     let permit = limiter.acquire(&mut executor.share).await;
     queue.started(batch.len());
     let started = Instant::now();
-    let mut requests = Vec::with_capacity(batch.len());
+    // Warmup runs before the model is READY, so a batch is all warmup or none; it is not counted.
+    let counted = !batch.iter().all(|p| p.call.cx.warmup);
+    let mut calls = Vec::with_capacity(batch.len());
     let mut waiters = Vec::with_capacity(batch.len());
     let mut rows = 0;
     for pending in batch {
-        stats.record_queue(started - pending.enqueued);
+        if counted {
+            stats.record_queue(started - pending.enqueued);
+        }
         rows += pending.rows;
-        requests.push(pending.request);
+        calls.push(pending.call);
         waiters.push(pending.reply);
     }
-    let expected = requests.len();
-    let executed = executor.instance.execute(requests).await;
+    let expected = calls.len();
+    let executed = executor.instance.execute(calls).await;
     drop(permit);
     let _ = idle.send(executor);
-    stats.record_execution(rows, executed.timing);
+    if counted {
+        stats.record_execution(rows, executed.timing);
+    }
 
     let mut results = executed.results;
     if results.len() != expected {

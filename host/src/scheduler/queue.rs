@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
 use super::policy::{BatchPolicy, TimeoutAction};
-use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
+use crate::infer::{Call, ErrorKind, InferError, InferResult};
 
 /// Where a queued request stands; the batcher and a timed-out caller race to change it once.
 #[derive(Clone, Default)]
@@ -38,7 +38,7 @@ impl Claim {
 /// A queued request and the caller waiting for it.
 pub struct Pending {
     pub claim: Claim,
-    pub request: InferRequest,
+    pub call: Call,
     pub reply: oneshot::Sender<InferResult>,
     pub enqueued: Instant,
     pub deadline: Option<Instant>,

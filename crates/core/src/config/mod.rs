@@ -206,7 +206,7 @@ pub fn datatype_to_config(datatype: DataType) -> pb::DataType {
 }
 
 /// What runs a model, from `platform` / `backend`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackendKind {
     Onnx,
     Wasm,
@@ -273,6 +273,16 @@ pub fn ignored_settings(config: &ModelConfig) -> Vec<&'static str> {
         ignored.push("batch_input / batch_output");
     }
     ignored
+}
+
+/// The model file of a version: `default_model_filename`, or the backend's `default` name.
+pub fn model_file(config: &ModelConfig, version_dir: &Path, default: &str) -> std::path::PathBuf {
+    let name = if config.default_model_filename.is_empty() {
+        default
+    } else {
+        &config.default_model_filename
+    };
+    version_dir.join(name)
 }
 
 /// A string parameter from the config's `parameters` map.

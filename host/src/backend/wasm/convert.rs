@@ -6,6 +6,7 @@ use super::tessera::inference::types as wit;
 use crate::infer::{
     ErrorKind, InferError, InferRequest, InferResponse, InferResult, ParamValue, RequestedOutput,
 };
+use crate::signature::{ModelMetadata, TensorSpec};
 use crate::tensor::{DataType, Tensor, TensorData};
 
 fn datatype_to_wit(d: DataType) -> wit::Datatype {
@@ -237,22 +238,17 @@ pub fn error_to_wit(e: InferError) -> wit::Error {
 }
 
 /// Model metadata for a handler's `model-metadata` call.
-pub fn metadata_to_wit(m: &crate::model::ModelVersion, versions: Vec<i64>) -> wit::ModelMetadata {
-    let batched = m.config.max_batch_size > 0;
-    let spec = |s: &crate::model::TensorSpec| wit::TensorMetadata {
+pub fn metadata_to_wit(m: &ModelMetadata) -> wit::ModelMetadata {
+    let spec = |s: &TensorSpec| wit::TensorMetadata {
         name: s.name.clone(),
         datatype: datatype_to_wit(s.datatype),
-        shape: s.client_shape(batched),
+        shape: s.client_shape(m.batched),
     };
     wit::ModelMetadata {
         name: m.name.clone(),
-        versions: versions.iter().map(i64::to_string).collect(),
-        platform: if m.config.platform.is_empty() {
-            m.config.backend.clone()
-        } else {
-            m.config.platform.clone()
-        },
-        inputs: m.signature.inputs.iter().map(spec).collect(),
-        outputs: m.signature.outputs.iter().map(spec).collect(),
+        versions: m.versions.iter().map(i64::to_string).collect(),
+        platform: m.platform.clone(),
+        inputs: m.inputs.iter().map(spec).collect(),
+        outputs: m.outputs.iter().map(spec).collect(),
     }
 }

@@ -17,8 +17,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::limits::{Counters, Limits, LogRate, StoreLimiter};
 use super::tessera::inference::{inference, log, types};
 use super::{Live, ModelPre, convert};
-use crate::infer::{ErrorKind, InferError};
-use crate::server::Server;
+use crate::infer::{CallContext, ErrorKind, InferError, Inference};
 
 /// Per model version: everything needed to create instances.
 pub struct WasmModel {
@@ -28,7 +27,7 @@ pub struct WasmModel {
     pub name: String,
     pub version: i64,
     pub config_json: String,
-    pub server: Weak<Server>,
+    pub inference: Weak<dyn Inference>,
     pub counters: Arc<Counters>,
     /// The model's log allowance, shared by its instances.
     pub log_rate: Arc<LogRate>,
@@ -68,7 +67,9 @@ impl WasmModel {
         Counters::bump(&self.counters.instantiations);
         // `initialize` may call models too: its calls carry this model as their caller, so a
         // call back into it is refused as a cycle instead of waiting out the deadline.
-        store.data_mut().begin_execution(vec![self.name.clone()]);
+        store
+            .data_mut()
+            .begin_execution(vec![self.name.clone()], self.limits.execute_deadline);
         let init = bindings
             .tessera_inference_handler()
             .call_initialize(&mut store, &self.config_json);
@@ -239,7 +240,7 @@ pub struct HostState {
     stderr: OutputSink,
     /// The tail of stderr of the last execution (a Rust guest's panic message lands here).
     pub last_stderr: String,
-    server: Weak<Server>,
+    inference: Weak<dyn Inference>,
     model: String,
     version: i64,
     counters: Arc<Counters>,
@@ -250,6 +251,8 @@ pub struct HostState {
     log_drop_reported: bool,
     /// Models waiting on the current execution, this one last: BLS calls must not reach them.
     chain: Vec<String>,
+    /// When the current execution's deadline passes.
+    deadline: Option<std::time::Instant>,
 }
 
 impl HostState {
@@ -278,7 +281,7 @@ impl HostState {
             stdout,
             stderr,
             last_stderr: String::new(),
-            server: model.server.clone(),
+            inference: model.inference.clone(),
             model: model.name.clone(),
             version: model.version,
             counters: model.counters.clone(),
@@ -287,12 +290,14 @@ impl HostState {
             log_budget: model.limits.max_log_bytes,
             log_drop_reported: false,
             chain: Vec::new(),
+            deadline: None,
         }
     }
 
     /// Prepares for one `execute`.
-    pub fn begin_execution(&mut self, chain: Vec<String>) {
+    pub fn begin_execution(&mut self, chain: Vec<String>, deadline: std::time::Duration) {
         self.chain = chain;
+        self.deadline = Some(std::time::Instant::now() + deadline);
         self.limiter.memory_exceeded = false;
         self.last_stderr.clear();
         self.log_budget = self.max_log_bytes;
@@ -307,6 +312,7 @@ impl HostState {
 
     pub fn end_execution(&mut self) {
         self.chain.clear();
+        self.deadline = None;
         self.counters
             .memory_high_water_bytes
             .fetch_max(self.limiter.high_water as u64, Ordering::Relaxed);
@@ -353,6 +359,24 @@ impl WasiView for HostState {
 
 impl types::Host for HostState {}
 
+impl HostState {
+    /// The context of a BLS call made during the current execution.
+    fn call_context(&self) -> CallContext {
+        CallContext {
+            call_chain: self.chain.clone(),
+            deadline: self.deadline,
+            warmup: false,
+            span: tracing::debug_span!("bls", caller = %self.model),
+        }
+    }
+
+    fn inference(&self) -> Result<std::sync::Arc<dyn Inference>, types::Error> {
+        self.inference.upgrade().ok_or_else(|| {
+            convert::error_to_wit(InferError::unavailable("the server is shutting down"))
+        })
+    }
+}
+
 impl inference::Host for HostState {
     async fn infer(
         &mut self,
@@ -360,17 +384,12 @@ impl inference::Host for HostState {
         version: Option<i64>,
         request: types::Request,
     ) -> Result<types::Response, types::Error> {
-        let span = tracing::debug_span!("bls_infer", caller = %self.model, target = %model);
-        let _enter = span.enter();
-        let Some(server) = self.server.upgrade() else {
-            return Err(convert::error_to_wit(InferError::unavailable(
-                "the server is shutting down",
-            )));
-        };
-        let mut request = convert::request_from_wit(request).map_err(convert::error_to_wit)?;
-        request.call_chain = self.chain.clone();
-        drop(_enter);
-        match server.infer(&model, version, request).await {
+        let inference = self.inference()?;
+        let request = convert::request_from_wit(request).map_err(convert::error_to_wit)?;
+        match inference
+            .infer(self.call_context(), &model, version, request)
+            .await
+        {
             Ok(response) => Ok(convert::response_to_wit(&response)),
             Err(e) => Err(convert::error_to_wit(e)),
         }
@@ -381,19 +400,11 @@ impl inference::Host for HostState {
         model: String,
         version: Option<i64>,
     ) -> Result<types::ModelMetadata, types::Error> {
-        let Some(server) = self.server.upgrade() else {
-            return Err(convert::error_to_wit(InferError::unavailable(
-                "the server is shutting down",
-            )));
-        };
-        let found = server
-            .repository
-            .ready_model(&model, version)
+        let metadata = self
+            .inference()?
+            .metadata(&self.call_context(), &model, version)
             .map_err(convert::error_to_wit)?;
-        Ok(convert::metadata_to_wit(
-            &found,
-            server.repository.versions(&model),
-        ))
+        Ok(convert::metadata_to_wit(&metadata))
     }
 }
 

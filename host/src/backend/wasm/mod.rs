@@ -9,7 +9,8 @@
 //!   instantiated, initialized guest, reused across executions and replaced after a trap.
 //! - per execution: the epoch deadline, fuel, and the BLS call chain in [`host::HostState`].
 //!
-//! A guest's `infer` import enters [`crate::server::Server::infer`], the same path as HTTP.
+//! A guest's `infer` import enters the request path through [`crate::infer::Inference`], the same
+//! path as HTTP.
 
 mod cache;
 mod convert;
@@ -21,13 +22,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
-use super::{ComputeTiming, Executed, LoadContext, LoadError, ModelInstance};
-use crate::infer::{ErrorKind, InferError, InferRequest, InferResult};
-use crate::repository::model_file;
+use super::{Backend, Executed, LoadContext, LoadError, ModelInstance};
+use crate::config::model_file;
+use crate::infer::{BoxFuture, Call, CallContext, ErrorKind, InferError, InferResult, Inference};
+use crate::metrics::ExecutionTiming;
 use host::{HostState, WasmModel};
 pub use limits::Limits;
 
@@ -134,7 +135,7 @@ fn prepare(
     version: i64,
     config: &crate::config::ModelConfig,
     component_path: &std::path::Path,
-    server: std::sync::Weak<crate::server::Server>,
+    inference: std::sync::Weak<dyn Inference>,
 ) -> Result<Arc<WasmModel>, LoadError> {
     let limits = Limits::from_config(config).map_err(LoadError::new)?;
     let bytes = std::fs::read(component_path).map_err(|e| {
@@ -159,33 +160,44 @@ fn prepare(
         name: name.to_owned(),
         version,
         config_json: crate::config::to_json(config).to_string(),
-        server,
+        inference,
         counters: runtime.counters.clone(),
     }))
 }
 
-/// Loads a Wasm model version: compile (or take from the cache), pre-instantiate, and create
-/// and initialize `instance_group.count` instances.
-pub async fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-    let server = ctx
-        .server
-        .upgrade()
-        .ok_or_else(|| LoadError::new("server is shutting down"))?;
-    let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
-    let pre = prepare(
-        &server.wasm,
-        &ctx.name,
-        ctx.version,
-        &ctx.config,
-        &path,
-        ctx.server.clone(),
-    )?;
-    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
-    for _ in 0..super::instance_count(&ctx.config) {
-        let live = pre.instantiate().await.map_err(LoadError::new)?;
-        instances.push(Box::new(WasmInstance::new(pre.clone(), live)));
+/// The Wasm backend: handlers run in the server's one [`WasmRuntime`].
+pub struct WasmBackend(pub Arc<WasmRuntime>);
+
+impl Backend for WasmBackend {
+    /// Compiles (or takes from the cache) and pre-instantiates the component, then creates and
+    /// initializes `instance_group.count` instances.
+    fn load<'a>(
+        &'a self,
+        ctx: &'a LoadContext,
+    ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>> {
+        Box::pin(async move {
+            let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
+            let runtime = self.0.clone();
+            let (name, version, config, inference) = (
+                ctx.name.clone(),
+                ctx.version,
+                ctx.config.clone(),
+                ctx.inference.clone(),
+            );
+            // Reading and compiling a component is blocking work: off the async workers.
+            let pre = tokio::task::spawn_blocking(move || {
+                prepare(&runtime, &name, version, &config, &path, inference)
+            })
+            .await
+            .map_err(|e| LoadError::new(format!("compiling the component failed: {e}")))??;
+            let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
+            for _ in 0..super::instance_count(&ctx.config) {
+                let live = pre.instantiate().await.map_err(LoadError::new)?;
+                instances.push(Box::new(WasmInstance::new(pre.clone(), live)));
+            }
+            Ok(instances)
+        })
     }
-    Ok(instances)
 }
 
 /// A Wasm model version outside any server, for benchmarks and tools. Its `infer` calls fail
@@ -199,7 +211,8 @@ impl Standalone {
         component: &std::path::Path,
         config: &crate::config::ModelConfig,
     ) -> Result<Standalone, LoadError> {
-        prepare(runtime, name, 1, config, component, std::sync::Weak::new()).map(Standalone)
+        let nothing: std::sync::Weak<dyn Inference> = std::sync::Weak::<NoInference>::new();
+        prepare(runtime, name, 1, config, component, nothing).map(Standalone)
     }
 
     /// Instantiates from the `InstancePre` into a fresh store, running no guest code, and drops it.
@@ -211,6 +224,30 @@ impl Standalone {
     pub async fn instance(&self) -> Result<WasmInstance, String> {
         let live = self.0.instantiate().await?;
         Ok(WasmInstance::new(self.0.clone(), live))
+    }
+}
+
+/// The request path of a [`Standalone`] model: there is none.
+struct NoInference;
+
+impl Inference for NoInference {
+    fn infer<'a>(
+        &'a self,
+        _cx: CallContext,
+        _model: &'a str,
+        _version: Option<i64>,
+        _request: crate::infer::InferRequest,
+    ) -> BoxFuture<'a, InferResult> {
+        Box::pin(async { Err(InferError::unavailable("no server")) })
+    }
+
+    fn metadata(
+        &self,
+        _cx: &CallContext,
+        _model: &str,
+        _version: Option<i64>,
+    ) -> Result<crate::signature::ModelMetadata, InferError> {
+        Err(InferError::unavailable("no server"))
     }
 }
 
@@ -228,7 +265,7 @@ pub struct WasmInstance {
 }
 
 impl ModelInstance for WasmInstance {
-    fn execute(&mut self, batch: Vec<InferRequest>) -> BoxFuture<'_, Executed> {
+    fn execute(&mut self, batch: Vec<Call>) -> BoxFuture<'_, Executed> {
         async move { self.run(batch).await }.boxed()
     }
 }
@@ -244,9 +281,9 @@ impl WasmInstance {
         }
     }
 
-    async fn run(&mut self, batch: Vec<InferRequest>) -> Executed {
+    async fn run(&mut self, batch: Vec<Call>) -> Executed {
         let n = batch.len();
-        let fail_all = |error: InferError, timing: ComputeTiming| Executed {
+        let fail_all = |error: InferError, timing: ExecutionTiming| Executed {
             results: (0..n).map(|_| Err(error.clone())).collect(),
             timing,
         };
@@ -255,18 +292,23 @@ impl WasmInstance {
             Some(live) => live,
             None => match self.pre.instantiate().await {
                 Ok(live) => live,
-                Err(e) => return fail_all(InferError::internal(e), ComputeTiming::default()),
+                Err(e) => return fail_all(InferError::internal(e), ExecutionTiming::default()),
             },
         };
         let chain = call_chain(&batch, &self.pre.name);
-        let requests: Vec<_> = batch.iter().map(convert::request_to_wit).collect();
-        live.store.data_mut().begin_execution(chain);
+        let requests: Vec<_> = batch
+            .iter()
+            .map(|c| convert::request_to_wit(&c.request))
+            .collect();
+        live.store
+            .data_mut()
+            .begin_execution(chain, self.pre.limits.execute_deadline);
         let limits = &self.pre.limits;
         live.store.set_epoch_deadline(1);
         if let Err(e) = live.store.set_fuel(limits.fuel_per_execute) {
             return fail_all(
                 InferError::internal(e.to_string()),
-                ComputeTiming::default(),
+                ExecutionTiming::default(),
             );
         }
         let t1 = Instant::now();
@@ -278,7 +320,7 @@ impl WasmInstance {
         let t2 = Instant::now();
         let host = live.store.data_mut();
         host.flush_output(&self.pre.name, self.pre.version);
-        let timing = |t3: Instant| ComputeTiming {
+        let timing = |t3: Instant| ExecutionTiming {
             input: t1 - t0,
             infer: t2 - t1,
             output: t3 - t2,
@@ -335,10 +377,10 @@ impl WasmInstance {
 
 /// The callers of a batch's requests plus this model: a BLS call from here must not reach any
 /// of them again (that would wait on itself).
-fn call_chain(batch: &[InferRequest], model: &str) -> Vec<String> {
+fn call_chain(batch: &[Call], model: &str) -> Vec<String> {
     let mut chain: Vec<String> = Vec::new();
-    for request in batch {
-        for caller in &request.call_chain {
+    for call in batch {
+        for caller in &call.cx.call_chain {
             if !chain.contains(caller) {
                 chain.push(caller.clone());
             }

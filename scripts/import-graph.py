@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Prints the host's module import graph and fails if it has a cycle.
+
+Each file of host/src is a node (`foo/mod.rs` is `foo`); an edge is a `crate::a::b` or `super::x`
+path that leads into another module. A module and its own submodules are one unit (a backend and
+its private parts), so edges between them are not counted; `mod` declarations are not edges.
+Paths resolve to the longest module that exists. CI runs this: the layers must point one way
+(docs/architecture.md).
+"""
+import os, re, sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "host", "src")
+modules = {}
+for dirpath, _, files in os.walk(ROOT):
+    for f in files:
+        if not f.endswith(".rs"):
+            continue
+        rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].split(os.sep)
+        if rel[-1] in ("mod", "lib", "main"):
+            rel = rel[:-1]
+        modules[tuple(rel)] = os.path.join(dirpath, f)
+
+def resolve(path):
+    for n in range(len(path), 0, -1):
+        if tuple(path[:n]) in modules:
+            return tuple(path[:n])
+    return None
+
+edges = {m: set() for m in modules}
+for mod, file in modules.items():
+    text = open(file).read()
+    text = re.sub(r"#\[cfg\(test\)\]\s*mod tests \{.*", "", text, flags=re.S)
+    for m in re.finditer(r"\bcrate::((?:\w+::)*\w+)", text):
+        target = resolve(m.group(1).split("::"))
+        if target and target != mod and target != mod[: len(target)]:
+            edges[mod].add(target)
+    for m in re.finditer(r"\bsuper::((?:\w+::)*\w+)", text):
+        parent = list(mod[:-1])
+        target = resolve(parent + m.group(1).split("::")) or tuple(parent)
+        if target and target != mod and target != mod[: len(target)]:
+            edges[mod].add(target)
+
+# Tarjan's strongly connected components.
+index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
+def visit(v):
+    index[v] = low[v] = counter[0]; counter[0] += 1
+    stack.append(v); on.add(v)
+    for w in edges[v]:
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        scc = []
+        while True:
+            w = stack.pop(); on.discard(w); scc.append(w)
+            if w == v:
+                break
+        sccs.append(scc)
+sys.setrecursionlimit(10000)
+for v in modules:
+    if v not in index:
+        visit(v)
+name = lambda m: "::".join(m) or "crate"
+for m in sorted(modules):
+    print(f"{name(m):28} -> {', '.join(sorted(name(t) for t in edges[m]))}")
+cycles = [s for s in sccs if len(s) > 1]
+if cycles:
+    for c in cycles:
+        print("CYCLE:", " <-> ".join(sorted(name(m) for m in c)))
+    sys.exit(1)
+print("no cycle")
