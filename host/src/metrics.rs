@@ -305,7 +305,7 @@ fn render_summaries(out: &mut String, models: &[ModelMetrics<'_>]) {
         for m in models {
             let Some(q) = &m.quantiles else { continue };
             let (values, total) = pick(m, q);
-            let labels = format!("model=\"{}\",version=\"{}\"", m.name, m.version);
+            let labels = model_labels(m);
             if let Some(values) = values {
                 for (quantile, value) in SUMMARY_QUANTILES.iter().zip(values) {
                     let _ = writeln!(out, "{name}{{{labels},quantile=\"{quantile}\"}} {value}");
@@ -321,8 +321,35 @@ fn render_summaries(out: &mut String, models: &[ModelMetrics<'_>]) {
     }
 }
 
+/// `model="...",version="..."`, with the label values escaped.
+fn model_labels(m: &ModelMetrics<'_>) -> String {
+    format!(
+        "model=\"{}\",version=\"{}\"",
+        escape_label(m.name),
+        m.version
+    )
+}
+
+/// A label value in the text format: a `\`, `"` or newline in a model's directory name must not
+/// end the value early and corrupt the whole scrape.
+fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return value.into();
+    }
+    let mut out = String::with_capacity(value.len() + 2);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
 /// Renders Prometheus text format (version 0.0.4).
-pub fn render_prometheus(models: &[ModelMetrics<'_>], wasm: &[(&str, &str, &str, u64)]) -> String {
+pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     type Pick = fn(&ModelMetrics<'_>) -> u64;
@@ -391,13 +418,7 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], wasm: &[(&str, &str, &str,
     for (name, kind, help, pick) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for m in models {
-            let _ = writeln!(
-                out,
-                "{name}{{model=\"{}\",version=\"{}\"}} {}",
-                m.name,
-                m.version,
-                pick(m)
-            );
+            let _ = writeln!(out, "{name}{{{}}} {}", model_labels(m), pick(m));
         }
     }
     let name = "tessera_batch_size";
@@ -406,7 +427,7 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], wasm: &[(&str, &str, &str,
         "# HELP {name} Rows per model execution\n# TYPE {name} histogram"
     );
     for m in models {
-        let labels = format!("model=\"{}\",version=\"{}\"", m.name, m.version);
+        let labels = model_labels(m);
         let executions = |pred: &dyn Fn(usize) -> bool| -> u64 {
             m.stats
                 .batch
@@ -436,13 +457,23 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], wasm: &[(&str, &str, &str,
         );
     }
     render_summaries(&mut out, models);
-    for (name, kind, help, value) in wasm {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
+    for family in labeled {
+        let (name, kind, help) = (family.name, family.kind, family.help);
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (model, value) in &family.samples {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {value}", escape_label(model));
+        }
     }
     out
+}
+
+/// A metric family with one sample per model (the `tessera_wasm_*` counters).
+pub struct LabeledFamily {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub help: &'static str,
+    /// (model, value)
+    pub samples: Vec<(String, u64)>,
 }
 
 #[cfg(test)]
@@ -475,5 +506,27 @@ mod tests {
         assert_eq!(w.0.len(), WINDOW_LEN);
         assert_eq!(w.quantiles(now).map(|q| q[3]), Some(1));
         assert_eq!(w.0.back().map(|(_, us)| *us), Some(1000));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let model = ModelMetrics {
+            name: "a\"b\\c\nd",
+            version: 1,
+            stats: StatsSnapshot::default(),
+            pending: 0,
+            quantiles: None,
+        };
+        let text = render_prometheus(&[model], &[]);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("nv_inference_request_success{"))
+            .expect("a sample line");
+        assert_eq!(
+            line,
+            "nv_inference_request_success{model=\"a\\\"b\\\\c\\nd\",version=\"1\"} 0"
+        );
+        // Every sample is still one line: the name's newline did not split it.
+        assert!(text.lines().all(|l| l.starts_with('#') || l.contains('{')));
     }
 }

@@ -219,7 +219,7 @@ impl Server {
                 quantiles: summaries.then(|| m.stats.quantiles()),
             })
             .collect();
-        crate::metrics::render_prometheus(&models, &self.wasm.counters.rows())
+        crate::metrics::render_prometheus(&models, &self.wasm.counters.families())
     }
 
     /// Liveness: the process answers.

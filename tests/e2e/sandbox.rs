@@ -60,7 +60,21 @@ async fn every_fixture_loads() {
 
 #[tokio::test]
 async fn panicking_guest() {
-    misbehaves(&start().await, "guest_panic", 500, "trapped").await;
+    let s = start().await;
+    misbehaves(&s, "guest_panic", 500, "trapped").await;
+    // The trap is counted against its model, not only server-wide.
+    let metrics = s.metrics().await;
+    assert_eq!(
+        metric(&metrics, "tessera_wasm_traps_total{model=\"guest_panic\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "tessera_wasm_traps_total{model=\"identity_echo\"}"
+        ),
+        0.0
+    );
 }
 
 #[tokio::test]
@@ -148,7 +162,11 @@ async fn a_guest_cannot_flood_the_log() {
     let grown = std::fs::metadata(&s.log).expect("log").len() - before;
     // One execution may write max_log_bytes (64 KiB) of messages, plus one line per message.
     assert!(grown < 512 << 10, "the log grew by {grown} bytes");
-    let dropped = metric(&s.metrics().await, "tessera_wasm_log_dropped_bytes_total");
+    let metrics = s.metrics().await;
+    let dropped = metric(
+        &metrics,
+        "tessera_wasm_log_dropped_bytes_total{model=\"guest_hostile\"}",
+    );
     assert!(
         dropped >= 199.0 * (1 << 20) as f64,
         "{dropped} bytes counted as dropped"

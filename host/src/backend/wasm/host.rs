@@ -14,7 +14,7 @@ use wasmtime::{Engine, Store};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::limits::{Counters, Limits, LogRate, StoreLimiter};
+use super::limits::{Counters, InstanceTracker, Limits, LogRate, StoreLimiter};
 use super::tessera::inference::{inference, log, types};
 use super::{Live, ModelPre, convert};
 use crate::infer::{CallContext, ErrorKind, InferError, Inference};
@@ -29,6 +29,8 @@ pub struct WasmModel {
     pub config_json: String,
     pub inference: Weak<dyn Inference>,
     pub counters: Arc<Counters>,
+    /// Instances alive across every Wasm model.
+    pub instances: Arc<InstanceTracker>,
     /// The model's log allowance, shared by its instances.
     pub log_rate: Arc<LogRate>,
 }

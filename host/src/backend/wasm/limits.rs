@@ -186,7 +186,7 @@ impl wasmtime::ResourceLimiter for StoreLimiter {
     }
 }
 
-/// Server-wide counters about guests (exported as `tessera_wasm_*` metrics).
+/// Counters about one model's guests, exported as `tessera_wasm_*{model="..."}`.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub instantiations: AtomicU64,
@@ -201,81 +201,121 @@ pub struct Counters {
     pub log_dropped_bytes: AtomicU64,
     /// Instances alive (created and not yet finalized).
     pub live_instances: AtomicU64,
-    /// Signalled whenever an instance is gone.
-    pub instance_dropped: tokio::sync::Notify,
 }
 
 impl Counters {
     pub fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
+}
 
-    /// (name, type, help, value) rows for the metrics exposition.
-    pub fn rows(&self) -> Vec<(&'static str, &'static str, &'static str, u64)> {
-        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
-            (
-                "tessera_wasm_instantiations_total",
-                "counter",
-                "Wasm guest instances created (initial and replacements)",
-                v(&self.instantiations),
-            ),
-            (
-                "tessera_wasm_traps_total",
-                "counter",
-                "Wasm executions that trapped (panics, memory, fuel)",
-                v(&self.traps),
-            ),
-            (
-                "tessera_wasm_deadline_kills_total",
-                "counter",
-                "Wasm executions stopped at their wall-clock deadline",
-                v(&self.deadline_kills),
-            ),
-            (
-                "tessera_wasm_fuel_kills_total",
-                "counter",
-                "Wasm executions stopped when their fuel ran out",
-                v(&self.fuel_kills),
-            ),
-            (
-                "tessera_wasm_memory_kills_total",
-                "counter",
-                "Wasm executions stopped at their memory limit",
-                v(&self.memory_kills),
-            ),
-            (
-                "tessera_wasm_compile_cache_hits_total",
-                "counter",
-                "Wasm components loaded from the compiled-code cache",
-                v(&self.compile_cache_hits),
-            ),
-            (
-                "tessera_wasm_compile_cache_misses_total",
-                "counter",
-                "Wasm components compiled because the cache had no entry",
-                v(&self.compile_cache_misses),
-            ),
-            (
-                "tessera_wasm_log_dropped_bytes_total",
-                "counter",
-                "Guest log bytes (stdout, stderr, log import) dropped at max_log_bytes or max_log_bytes_per_second",
-                v(&self.log_dropped_bytes),
-            ),
-            (
-                "tessera_wasm_memory_high_water_bytes",
-                "gauge",
-                "Largest linear memory any Wasm guest has reached",
-                v(&self.memory_high_water_bytes),
-            ),
-            (
-                "tessera_wasm_live_instances",
-                "gauge",
-                "Wasm guest instances alive",
-                v(&self.live_instances),
-            ),
-        ]
+/// The metric families of [`Counters`]: name, type, help, and the field each reads.
+type Family = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&Counters) -> &AtomicU64,
+);
+const FAMILIES: [Family; 10] = [
+    (
+        "tessera_wasm_instantiations_total",
+        "counter",
+        "Wasm guest instances created (initial and replacements)",
+        |c| &c.instantiations,
+    ),
+    (
+        "tessera_wasm_traps_total",
+        "counter",
+        "Wasm executions that trapped (panics, memory, fuel)",
+        |c| &c.traps,
+    ),
+    (
+        "tessera_wasm_deadline_kills_total",
+        "counter",
+        "Wasm executions stopped at their wall-clock deadline",
+        |c| &c.deadline_kills,
+    ),
+    (
+        "tessera_wasm_fuel_kills_total",
+        "counter",
+        "Wasm executions stopped when their fuel ran out",
+        |c| &c.fuel_kills,
+    ),
+    (
+        "tessera_wasm_memory_kills_total",
+        "counter",
+        "Wasm executions stopped at their memory limit",
+        |c| &c.memory_kills,
+    ),
+    (
+        "tessera_wasm_compile_cache_hits_total",
+        "counter",
+        "Wasm components loaded from the compiled-code cache",
+        |c| &c.compile_cache_hits,
+    ),
+    (
+        "tessera_wasm_compile_cache_misses_total",
+        "counter",
+        "Wasm components compiled because the cache had no entry",
+        |c| &c.compile_cache_misses,
+    ),
+    (
+        "tessera_wasm_log_dropped_bytes_total",
+        "counter",
+        "Guest log bytes (stdout, stderr, log import) dropped at max_log_bytes or max_log_bytes_per_second",
+        |c| &c.log_dropped_bytes,
+    ),
+    (
+        "tessera_wasm_memory_high_water_bytes",
+        "gauge",
+        "Largest linear memory a Wasm guest of the model has reached",
+        |c| &c.memory_high_water_bytes,
+    ),
+    (
+        "tessera_wasm_live_instances",
+        "gauge",
+        "Wasm guest instances alive",
+        |c| &c.live_instances,
+    ),
+];
+
+/// Every model's [`Counters`], by model name; a model's counters outlive its reloads.
+#[derive(Debug, Default)]
+pub struct CounterRegistry {
+    models: std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<Counters>>>,
+}
+
+impl CounterRegistry {
+    /// The counters of `model`, created on first use.
+    pub fn for_model(&self, model: &str) -> std::sync::Arc<Counters> {
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        models.entry(model.to_owned()).or_default().clone()
     }
+
+    /// The `tessera_wasm_*` families for the metrics exposition, one sample per model.
+    pub fn families(&self) -> Vec<crate::metrics::LabeledFamily> {
+        let models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        FAMILIES
+            .iter()
+            .map(|(name, kind, help, field)| crate::metrics::LabeledFamily {
+                name,
+                kind,
+                help,
+                samples: models
+                    .iter()
+                    .map(|(model, c)| (model.clone(), field(c).load(Ordering::Relaxed)))
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// Instances alive across all Wasm models, so shutdown can wait for their `finalize`.
+#[derive(Debug, Default)]
+pub struct InstanceTracker {
+    pub live: AtomicU64,
+    /// Signalled whenever an instance is gone.
+    pub dropped: tokio::sync::Notify,
 }
 
 #[cfg(test)]

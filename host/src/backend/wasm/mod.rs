@@ -52,7 +52,8 @@ pub struct WasmRuntime {
     engine: Engine,
     linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
-    pub counters: Arc<limits::Counters>,
+    pub counters: Arc<limits::CounterRegistry>,
+    instances: Arc<limits::InstanceTracker>,
 }
 
 impl WasmRuntime {
@@ -93,6 +94,7 @@ impl WasmRuntime {
             linker,
             cache_dir,
             counters: Arc::default(),
+            instances: Arc::default(),
         })
     }
 
@@ -100,10 +102,10 @@ impl WasmRuntime {
     pub async fn drain(&self, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            let dropped = self.counters.instance_dropped.notified();
+            let dropped = self.instances.dropped.notified();
             if self
-                .counters
-                .live_instances
+                .instances
+                .live
                 .load(std::sync::atomic::Ordering::Acquire)
                 == 0
             {
@@ -123,7 +125,7 @@ impl WasmRuntime {
             self.cache_dir.as_deref(),
             bytes,
             name,
-            &self.counters,
+            &self.counters.for_model(name),
         )
     }
 }
@@ -161,7 +163,8 @@ fn prepare(
         version,
         config_json: crate::config::to_json(config).to_string(),
         inference,
-        counters: runtime.counters.clone(),
+        counters: runtime.counters.for_model(name),
+        instances: runtime.instances.clone(),
     }))
 }
 
@@ -274,6 +277,9 @@ impl WasmInstance {
     fn new(pre: Arc<WasmModel>, live: Live) -> WasmInstance {
         pre.counters
             .live_instances
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        pre.instances
+            .live
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         WasmInstance {
             pre,
@@ -392,12 +398,15 @@ fn call_chain(batch: &[Call], model: &str) -> Vec<String> {
 
 impl Drop for WasmInstance {
     fn drop(&mut self) {
-        let counters = self.pre.counters.clone();
+        let (counters, instances) = (self.pre.counters.clone(), self.pre.instances.clone());
         let done = move || {
             counters
                 .live_instances
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            counters.instance_dropped.notify_waiters();
+            instances
+                .live
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            instances.dropped.notify_waiters();
         };
         // `finalize` is async: run it on the runtime (unload, shutdown); the server waits for
         // these at shutdown (`WasmRuntime::drain`). A trapped instance has nothing to finalize.
