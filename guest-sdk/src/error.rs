@@ -14,7 +14,7 @@ pub enum ErrorKind {
     ModelNotReady,
     /// The request does not fit the model: names, datatypes, shapes, values (HTTP 400).
     InvalidInput,
-    /// A limit was hit: BLS depth or cycle, guest memory or fuel, output size (HTTP 429).
+    /// A limit of the caller was hit: BLS depth or cycle (HTTP 429).
     QuotaExceeded,
     /// A deadline passed: queue timeout or the execution deadline (HTTP 503).
     Timeout,

@@ -89,6 +89,10 @@ struct ServeArgs {
     /// one broken model should not take the others down.
     #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     exit_on_error: bool,
+    /// Send internal error details to HTTP clients: a guest's stderr and panic location, ONNX
+    /// Runtime's messages. For development; by default they are only logged, with the request id.
+    #[arg(long, env = "TESSERA_VERBOSE_ERRORS", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    verbose_errors: bool,
 }
 
 fn init_logging(verbose: u8) {
@@ -245,7 +249,11 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let app = tessera::protocol::http::router(server.clone(), serve.http_max_input_size);
+    let app = tessera::protocol::http::router(
+        server.clone(),
+        serve.http_max_input_size,
+        serve.verbose_errors,
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await

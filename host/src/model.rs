@@ -61,10 +61,19 @@ impl ModelVersion {
     /// Runs one request through this version's queue. Warmup requests are not counted.
     pub async fn infer(&self, cx: CallContext, request: InferRequest) -> InferResult {
         let arrived = Instant::now();
-        let warmup = cx.warmup;
+        let (warmup, request_id) = (cx.warmup, cx.request_id);
         let result = self.run(cx, request).await;
         if !warmup {
             self.stats.record_request(result.is_ok(), arrived.elapsed());
+        }
+        if let Err(InferError {
+            message,
+            detail: Some(detail),
+            ..
+        }) = &result
+        {
+            // Where the request ends for this model: what clients are not shown is logged here.
+            tracing::warn!(model = %self.name, version = self.version, request = request_id, "{message}: {detail}");
         }
         result
     }

@@ -78,18 +78,53 @@ async fn panicking_guest() {
 }
 
 #[tokio::test]
+async fn a_panic_message_goes_to_the_log_not_to_the_client() {
+    let s = start().await;
+    let (status, err) = s.infer("guest_panic", x(-1.0)).await;
+    assert_eq!(status, 500, "{err}");
+    let message = err["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        !message.contains("negative, panicking on purpose"),
+        "{message}"
+    );
+    assert!(!message.contains(".rs:"), "no source location: {message}");
+    let request = message
+        .split("request ")
+        .nth(1)
+        .and_then(|r| r.trim_end_matches(')').parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("the message names the request: {message}"));
+    let log = s.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("request={request}"))
+                && l.contains("negative, panicking on purpose")),
+        "the log has the panic under request {request}:\n{log}"
+    );
+    // While developing, --verbose-errors sends the details along.
+    let dev = TestServer::start(&[fixtures_repo()], &["--verbose-errors"], &shared_cache()).await;
+    let (status, err) = dev.infer("guest_panic", x(-1.0)).await;
+    assert_eq!(status, 500, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("negative, panicking on purpose")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn looping_guest_hits_its_deadline() {
     misbehaves(&start().await, "guest_loop", 503, "deadline").await;
 }
 
 #[tokio::test]
 async fn memory_hog_hits_its_cap() {
-    misbehaves(&start().await, "guest_memory_hog", 429, "memory limit").await;
+    misbehaves(&start().await, "guest_memory_hog", 500, "memory limit").await;
 }
 
 #[tokio::test]
 async fn oversized_output_is_refused() {
-    misbehaves(&start().await, "guest_big_output", 429, "max_output_bytes").await;
+    misbehaves(&start().await, "guest_big_output", 500, "max_output_bytes").await;
 }
 
 #[tokio::test]
@@ -121,10 +156,10 @@ async fn a_stuck_guest_does_not_block_others() {
 async fn everything_a_guest_hands_back_counts_against_max_output_bytes() {
     let s = start().await;
     // A 32 MiB response parameter and a 32 MiB error message used to pass a 1 MiB limit.
-    misbehaves_with(&s, "guest_hostile", -2.0, 429, "max_output_bytes").await;
-    misbehaves_with(&s, "guest_hostile", -3.0, 429, "max_output_bytes").await;
+    misbehaves_with(&s, "guest_hostile", -2.0, 500, "max_output_bytes").await;
+    misbehaves_with(&s, "guest_hostile", -3.0, 500, "max_output_bytes").await;
     // 4 M empty BYTES elements counted as 0 bytes (12 MB of JSON).
-    misbehaves_with(&s, "guest_hostile", -4.0, 429, "max_output_bytes").await;
+    misbehaves_with(&s, "guest_hostile", -4.0, 500, "max_output_bytes").await;
 }
 
 #[tokio::test]

@@ -80,6 +80,10 @@ pub enum ErrorKind {
 pub struct InferError {
     pub kind: ErrorKind,
     pub message: String,
+    /// What only the server's log should see: a guest's stderr and panic location, ONNX
+    /// Runtime's own text, file paths. Logged with the request id where the request ends; sent
+    /// to HTTP clients only with `--verbose-errors`, and never to guests.
+    pub detail: Option<String>,
 }
 
 impl InferError {
@@ -87,7 +91,14 @@ impl InferError {
         InferError {
             kind,
             message: message.into(),
+            detail: None,
         }
+    }
+
+    /// Attaches text for the server's log (see [`InferError::detail`]).
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
@@ -101,11 +112,32 @@ impl InferError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
     }
+    /// The error as a client sees it: with `verbose` the detail is appended; without, the
+    /// message says where the detail went (the log line carries `request_id`).
+    pub fn for_client(self, verbose: bool, request_id: u64) -> InferError {
+        match (&self.detail, verbose) {
+            (None, _) => self,
+            (Some(detail), true) => InferError {
+                message: format!("{}: {detail}", self.message),
+                detail: None,
+                ..self
+            },
+            (Some(_), false) => InferError {
+                message: format!(
+                    "{} (details in the server log, request {request_id})",
+                    self.message
+                ),
+                detail: None,
+                ..self
+            },
+        }
+    }
+
     /// Prefixes the message, keeping the kind.
     pub fn context(self, prefix: impl std::fmt::Display) -> Self {
         InferError {
-            kind: self.kind,
             message: format!("{prefix}: {}", self.message),
+            ..self
         }
     }
 }
@@ -116,6 +148,8 @@ pub type InferResult = Result<InferResponse, InferError>;
 /// instance that runs it, and on into any call that instance makes.
 #[derive(Clone, Debug)]
 pub struct CallContext {
+    /// The client request this call serves, for the log (a BLS call keeps its client's id).
+    pub request_id: u64,
     /// Models waiting on this call, outermost first (a handler or ensemble that called it, and
     /// their callers). Empty for a client's request. Guards BLS cycles and depth.
     pub call_chain: Vec<String>,
@@ -130,7 +164,9 @@ pub struct CallContext {
 impl CallContext {
     /// A client's request: no caller, no deadline, logged under the current span.
     pub fn root() -> CallContext {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         CallContext {
+            request_id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             call_chain: Vec::new(),
             deadline: None,
             warmup: false,
@@ -143,6 +179,7 @@ impl CallContext {
         let mut call_chain = self.call_chain.clone();
         call_chain.push(model.to_owned());
         CallContext {
+            request_id: self.request_id,
             call_chain,
             deadline: self.deadline,
             warmup: self.warmup,

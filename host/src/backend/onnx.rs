@@ -380,7 +380,8 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
             };
             return failed(
                 batch.len(),
-                InferError::internal(format!("ONNX Runtime: {e}")),
+                InferError::internal("ONNX Runtime could not run the batch")
+                    .with_detail(e.to_string()),
                 timing,
             );
         }
@@ -555,8 +556,10 @@ macro_rules! numeric_types {
 }
 
 fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
-    let ort_err =
-        |e: ort::Error| InferError::internal(format!("ONNX Runtime input '{}': {e}", tensor.name));
+    let ort_err = |e: ort::Error| {
+        InferError::internal(format!("ONNX Runtime refused input '{}'", tensor.name))
+            .with_detail(e.to_string())
+    };
     let shape = tensor.shape.clone();
     macro_rules! convert {
         ($($dt:ident => $t:ty),*) => {
@@ -588,7 +591,10 @@ fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
 }
 
 fn from_ort(name: &str, value: &DynValue) -> Result<Tensor, InferError> {
-    let err = |e: ort::Error| InferError::internal(format!("ONNX Runtime output '{name}': {e}"));
+    let err = |e: ort::Error| {
+        InferError::internal(format!("ONNX Runtime output '{name}' could not be read"))
+            .with_detail(e.to_string())
+    };
     let ValueType::Tensor { ty, .. } = value.dtype() else {
         return Err(InferError::internal(format!(
             "output '{name}' is not a tensor"

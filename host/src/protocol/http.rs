@@ -33,10 +33,12 @@ pub const EXTENSIONS: &[&str] = &[
 struct AppState {
     server: Arc<Server>,
     max_body: usize,
+    verbose_errors: bool,
 }
 
-/// The HTTP routes. `max_body` bounds a request body in bytes.
-pub fn router(server: Arc<Server>, max_body: usize) -> Router {
+/// The HTTP routes. `max_body` bounds a request body in bytes; `verbose_errors` sends internal
+/// error details to clients (`--verbose-errors`).
+pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Router {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/models/stats", get(all_stats))
@@ -70,7 +72,11 @@ pub fn router(server: Arc<Server>, max_body: usize) -> Router {
         // Added after the layer, so they keep Triton's bare-status answers.
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
-        .with_state(AppState { server, max_body })
+        .with_state(AppState {
+            server,
+            max_body,
+            verbose_errors,
+        })
 }
 
 /// Every error answer carries a KServe v2 error body, `{"error": "..."}`, including those axum
@@ -365,13 +371,11 @@ async fn run_infer(
         .iter()
         .map(|o| (o.name.clone(), o.binary))
         .collect();
-    let response = match s
-        .server
-        .infer(CallContext::root(), &model, version, request)
-        .await
-    {
+    let cx = CallContext::root();
+    let request_id = cx.request_id;
+    let response = match s.server.infer(cx, &model, version, request).await {
         Ok(r) => r,
-        Err(e) => return error_response(&e),
+        Err(e) => return error_response(&e.for_client(s.verbose_errors, request_id)),
     };
     let binary = |name: &str| {
         binary_outputs

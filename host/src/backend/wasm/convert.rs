@@ -167,9 +167,11 @@ fn response_wire_size(r: &wit::Response) -> usize {
     tensors.saturating_add(parameters)
 }
 
+/// A deterministic failure (the same response would fail again), so 500 rather than a 429 that
+/// invites retries.
 fn over_output_limit(what: &str, size: usize, max_output_bytes: usize) -> InferError {
     InferError::new(
-        ErrorKind::ResourceExhausted,
+        ErrorKind::Internal,
         format!(
             "the handler's {what} holds {size} bytes, over the max_output_bytes limit of {max_output_bytes}"
         ),

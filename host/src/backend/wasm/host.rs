@@ -71,7 +71,7 @@ impl WasmModel {
         // call back into it is refused as a cycle instead of waiting out the deadline.
         store
             .data_mut()
-            .begin_execution(vec![self.name.clone()], self.limits.execute_deadline);
+            .begin_execution(vec![self.name.clone()], self.limits.execute_deadline, 0);
         let init = bindings
             .tessera_inference_handler()
             .call_initialize(&mut store, &self.config_json);
@@ -104,7 +104,7 @@ impl WasmModel {
         if host.limiter.memory_exceeded {
             Counters::bump(&self.counters.memory_kills);
             return InferError::new(
-                ErrorKind::ResourceExhausted,
+                ErrorKind::Internal,
                 format!(
                     "handler '{name}' exceeded its memory limit of {} bytes (max_memory_bytes) and was stopped",
                     self.limits.max_memory_bytes
@@ -114,24 +114,21 @@ impl WasmModel {
         if trap.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::OutOfFuel) {
             Counters::bump(&self.counters.fuel_kills);
             return InferError::new(
-                ErrorKind::ResourceExhausted,
+                ErrorKind::Internal,
                 format!(
                     "handler '{name}' ran out of fuel ({} per execute) and was stopped",
                     self.limits.fuel_per_execute
                 ),
             );
         }
-        let detail = host.last_stderr.trim();
-        let detail = if detail.is_empty() {
-            String::new()
-        } else {
-            format!("; stderr: {detail}")
-        };
         tracing::warn!(model = %name, version = self.version, "guest trapped: {trap:?}");
-        InferError::internal(format!(
-            "handler '{name}' trapped: {}{detail}",
-            trap_cause(trap)
-        ))
+        // The cause is the host's words; the guest's stderr (a panic's message and source
+        // location) is the guest's, so it goes to the log, not to the client.
+        let error = InferError::internal(format!("handler '{name}' trapped: {}", trap_cause(trap)));
+        match host.last_stderr.trim() {
+            "" => error,
+            stderr => error.with_detail(format!("stderr: {stderr}")),
+        }
     }
 }
 
@@ -255,6 +252,8 @@ pub struct HostState {
     chain: Vec<String>,
     /// When the current execution's deadline passes.
     deadline: Option<std::time::Instant>,
+    /// The client request the current execution serves (the first of its batch).
+    request_id: u64,
 }
 
 impl HostState {
@@ -293,12 +292,19 @@ impl HostState {
             log_drop_reported: false,
             chain: Vec::new(),
             deadline: None,
+            request_id: 0,
         }
     }
 
     /// Prepares for one `execute`.
-    pub fn begin_execution(&mut self, chain: Vec<String>, deadline: std::time::Duration) {
+    pub fn begin_execution(
+        &mut self,
+        chain: Vec<String>,
+        deadline: std::time::Duration,
+        request_id: u64,
+    ) {
         self.chain = chain;
+        self.request_id = request_id;
         self.deadline = Some(std::time::Instant::now() + deadline);
         self.limiter.memory_exceeded = false;
         self.last_stderr.clear();
@@ -365,6 +371,7 @@ impl HostState {
     /// The context of a BLS call made during the current execution.
     fn call_context(&self) -> CallContext {
         CallContext {
+            request_id: self.request_id,
             call_chain: self.chain.clone(),
             deadline: self.deadline,
             warmup: false,

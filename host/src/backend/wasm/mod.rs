@@ -306,9 +306,10 @@ impl WasmInstance {
             .iter()
             .map(|c| convert::request_to_wit(&c.request))
             .collect();
+        let request_id = batch.first().map_or(0, |c| c.cx.request_id);
         live.store
             .data_mut()
-            .begin_execution(chain, self.pre.limits.execute_deadline);
+            .begin_execution(chain, self.pre.limits.execute_deadline, request_id);
         let limits = &self.pre.limits;
         live.store.set_epoch_deadline(1);
         if let Err(e) = live.store.set_fuel(limits.fuel_per_execute) {
