@@ -86,6 +86,7 @@ impl ModelVersion {
         let requested = request.outputs.clone();
         let id = request.id.clone();
         let mut response = self.scheduler.submit(cx, request).await?;
+        self.check_outputs(&response.outputs)?;
         response.outputs =
             self.select_outputs(std::mem::take(&mut response.outputs), &requested)?;
         response.model_name.clone_from(&self.name);
@@ -182,6 +183,52 @@ impl ModelVersion {
                 return Err(InferError::invalid(format!(
                     "classification is not supported for BYTES output '{}'",
                     output.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks what the backend produced against the configuration: a handler that returns INT32
+    /// where its config declares FP32, or an output its config does not name, fails clearly
+    /// instead of reaching the client as if it were right.
+    fn check_outputs(&self, outputs: &[Tensor]) -> Result<(), InferError> {
+        let model = &self.name;
+        let batched = self.batched();
+        for tensor in outputs {
+            let Some(spec) = self
+                .signature
+                .outputs
+                .iter()
+                .find(|s| s.name == tensor.name)
+            else {
+                return Err(InferError::internal(format!(
+                    "model '{model}' returned output '{}', which its configuration does not declare",
+                    tensor.name
+                )));
+            };
+            if tensor.datatype != spec.datatype {
+                return Err(InferError::internal(format!(
+                    "model '{model}' returned output '{}' as {}, but its configuration declares {}",
+                    tensor.name, tensor.datatype, spec.datatype
+                )));
+            }
+            let dims = if batched {
+                tensor.shape.get(1..).unwrap_or_default()
+            } else {
+                &tensor.shape[..]
+            };
+            let fits = dims.len() == spec.dims.len()
+                && dims
+                    .iter()
+                    .zip(&spec.dims)
+                    .all(|(&d, &want)| want == -1 || d == want);
+            if !fits || (batched && tensor.shape.is_empty()) {
+                return Err(InferError::internal(format!(
+                    "model '{model}' returned output '{}' of shape {:?}, but its configuration declares {:?}",
+                    tensor.name,
+                    tensor.shape,
+                    spec.client_shape(batched)
                 )));
             }
         }

@@ -169,6 +169,14 @@ async fn a_guest_output_whose_size_wraps_is_refused() {
 }
 
 #[tokio::test]
+async fn handler_outputs_are_checked_against_the_configuration() {
+    let s = start().await;
+    // INT32 where the config declares FP32 used to be served as if it were right.
+    misbehaves_with(&s, "guest_hostile", -11.0, 500, "declares FP32").await;
+    misbehaves_with(&s, "guest_hostile", -12.0, 500, "does not declare").await;
+}
+
+#[tokio::test]
 async fn host_resources_are_capped_and_the_trap_says_why() {
     // 100 000 open streams: stopped at max_host_resources, and the message carries the cause.
     misbehaves_with(

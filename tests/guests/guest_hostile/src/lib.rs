@@ -12,6 +12,8 @@
 //! | -7  | sleeps 1 s, then calls the model named by its `peer` parameter with X = 1 |
 //! | -9  | fails with the outcome of the `infer` call its `initialize` made (`call_in_initialize`) |
 //! | -10 | traps (the instance is replaced; the new one runs `initialize` again) |
+//! | -11 | returns Y as INT32, where the configuration declares FP32 |
+//! | -12 | returns an output Z that the configuration does not declare |
 //!
 //! The same component serves several models of the fixture repository: `mutual_a` and `mutual_b`
 //! name each other as `peer`; `init_self_call` calls itself from `initialize`.
@@ -134,6 +136,21 @@ fn attack(x: &Tensor, value: f32) -> Result<Response, Error> {
         }
         -9 => Err(error(format!("initialize's call: {}", state.init_call))),
         -10 => std::process::abort(),
+        -11 => Ok(Response {
+            outputs: vec![Tensor {
+                name: "Y".into(),
+                datatype: Datatype::Int32,
+                ..x.clone()
+            }],
+            parameters: Vec::new(),
+        }),
+        -12 => Ok(Response {
+            outputs: vec![Tensor {
+                name: "Z".into(),
+                ..x.clone()
+            }],
+            parameters: Vec::new(),
+        }),
         _ => Err(Error {
             kind: ErrorKind::InvalidInput,
             message: format!("no attack for {value}"),
