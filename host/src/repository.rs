@@ -402,10 +402,22 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
                 .rev()
                 .any(|v| path.join(v.to_string()).join(f).exists())
         };
-        if file("model.onnx") {
-            config.platform = "onnxruntime_onnx".into();
-        } else if file("model.wasm") {
-            config.backend = "wasm".into();
+        // Triton's default model file names; the ones tessera cannot serve still name their
+        // backend, so the model is refused as "backend 'dali' is not supported", not as a config
+        // without a backend.
+        let by_file: [(&str, &str, &str); 8] = [
+            ("model.onnx", "onnxruntime_onnx", ""),
+            ("model.wasm", "", "wasm"),
+            ("model.plan", "tensorrt_plan", ""),
+            ("model.pt", "pytorch_libtorch", ""),
+            ("model.savedmodel", "tensorflow_savedmodel", ""),
+            ("model.graphdef", "tensorflow_graphdef", ""),
+            ("model.dali", "", "dali"),
+            ("model.py", "", "python"),
+        ];
+        if let Some((_, platform, backend)) = by_file.iter().find(|(f, _, _)| file(f)) {
+            config.platform = (*platform).into();
+            config.backend = (*backend).into();
         }
     }
     let kind = match BackendKind::of(&config) {

@@ -45,6 +45,25 @@ fn mixed_repository() -> std::path::PathBuf {
         "name: \"trt\"\nplatform: \"tensorrt_plan\"\nmax_batch_size: 8\n",
     )
     .expect("write");
+    // dynamic_batching without max_batch_size: Triton's ONNX Runtime backend fills in 4.
+    copy_dir(&examples.join("add_sub"), &repo.join("batch_default"));
+    let text = std::fs::read_to_string(repo.join("batch_default/config.pbtxt")).expect("config");
+    std::fs::write(
+        repo.join("batch_default/config.pbtxt"),
+        text.replace("name: \"add_sub\"", "name: \"batch_default\"")
+            .replace("max_batch_size: 8", "dynamic_batching { }"),
+    )
+    .expect("write");
+    // No configuration, and a file Triton knows by name (DALI): refused as that backend.
+    std::fs::create_dir_all(repo.join("dali/1")).expect("mkdir");
+    std::fs::write(repo.join("dali/1/model.dali"), b"serialized pipeline").expect("write");
+    // A configuration that ends in the middle of a message.
+    std::fs::create_dir_all(repo.join("cut/1")).expect("mkdir");
+    std::fs::write(
+        repo.join("cut/config.pbtxt"),
+        "name: \"cut\"\nbackend: \"wasm\"\ninput [\n  {\n",
+    )
+    .expect("write");
     // A GPU instance group on a CPU-only build.
     copy_dir(&examples.join("add_sub"), &repo.join("gpu"));
     let text = std::fs::read_to_string(repo.join("gpu/config.pbtxt")).expect("config");
@@ -76,6 +95,35 @@ async fn broken_models_do_not_stop_the_others() {
         state("trt")
     );
     assert!(state("gpu").2.contains("KIND_GPU"), "{:?}", state("gpu"));
+    assert!(
+        state("dali").2.contains("backend 'dali' is not supported"),
+        "{:?}",
+        state("dali")
+    );
+    assert!(
+        state("cut").2.contains("config.pbtxt:5:1:"),
+        "{:?}",
+        state("cut")
+    );
+    assert_eq!(
+        state("batch_default").1,
+        "READY",
+        "{:?}",
+        state("batch_default")
+    );
+    let (_, config) = s.get("/v2/models/batch_default/config").await;
+    assert_eq!(config["max_batch_size"], 4, "{config}");
+    let row: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let (status, body) = s
+        .infer(
+            "batch_default",
+            serde_json::json!([
+                { "name": "INPUT0", "shape": [2, 16], "datatype": "FP32", "data": row },
+                { "name": "INPUT1", "shape": [2, 16], "datatype": "FP32", "data": row },
+            ]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
 
     // Auto-complete derived the configuration from the ONNX file.
     let (status, config) = s.get("/v2/models/derived/config").await;

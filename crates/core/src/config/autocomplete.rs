@@ -36,7 +36,16 @@ impl ModelSignature {
 /// Explicit settings are kept. Returns the names of the fields it filled, for the log.
 pub fn autocomplete(config: &mut ModelConfig, signature: &ModelSignature) -> Vec<&'static str> {
     let mut filled = Vec::new();
-    if config.max_batch_size == 0 && config.input.is_empty() && signature.batchable() {
+    // Triton's ONNX Runtime backend also fills in max_batch_size for a config that asks for
+    // dynamic batching without it, when its inputs and outputs leave out the model's dynamic
+    // first dimension (they are the per-request dims of a batching model).
+    let batching_without_size = super::dynamic_batching(config).is_some()
+        && !config.input.is_empty()
+        && dims_leave_out_batch(config, signature);
+    if config.max_batch_size == 0
+        && (config.input.is_empty() || batching_without_size)
+        && signature.batchable()
+    {
         config.max_batch_size = DEFAULT_MAX_BATCH_SIZE;
         if config.scheduling_choice.is_none() {
             config.scheduling_choice = Some(pb::model_config::SchedulingChoice::DynamicBatching(
@@ -73,6 +82,22 @@ pub fn autocomplete(config: &mut ModelConfig, signature: &ModelSignature) -> Vec
         filled.push("output");
     }
     filled
+}
+
+/// Whether every configured input and output is one dimension shorter than the model's tensor of
+/// that name (whose first dimension is the batch).
+fn dims_leave_out_batch(config: &ModelConfig, signature: &ModelSignature) -> bool {
+    let declared = |name: &str, list: &[TensorSignature]| {
+        list.iter().find(|t| t.name == name).map(|t| t.dims.len())
+    };
+    config
+        .input
+        .iter()
+        .all(|i| declared(&i.name, &signature.inputs).is_some_and(|n| n == i.dims.len() + 1))
+        && config
+            .output
+            .iter()
+            .all(|o| declared(&o.name, &signature.outputs).is_some_and(|n| n == o.dims.len() + 1))
 }
 
 #[cfg(test)]
@@ -124,5 +149,33 @@ mod tests {
         autocomplete(&mut config, &sig(vec![-1, 16]));
         assert_eq!(config.input[0].name, "mine");
         assert_eq!(config.output[0].dims, vec![16]);
+    }
+
+    #[test]
+    fn dynamic_batching_without_max_batch_size_gets_the_default() {
+        // As Triton's ONNX Runtime backend: dynamic_batching {} with max_batch_size left out,
+        // per-request dims, and a model whose first dimension is dynamic.
+        let mut config = super::super::parse(
+            r#"platform: "onnxruntime_onnx"
+               input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ]
+               output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]
+               dynamic_batching { }"#,
+            "c",
+        )
+        .expect("parses");
+        let filled = autocomplete(&mut config, &sig(vec![-1, 16]));
+        assert_eq!(config.max_batch_size, DEFAULT_MAX_BATCH_SIZE, "{filled:?}");
+        assert_eq!(config.input[0].dims, vec![16]);
+        assert!(super::super::validate(&config).is_ok());
+        // Full-shape dims (the batch included) are not reinterpreted.
+        let mut full = super::super::parse(
+            r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]
+               output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]
+               dynamic_batching { }"#,
+            "c",
+        )
+        .expect("parses");
+        autocomplete(&mut full, &sig(vec![-1, 16]));
+        assert_eq!(full.max_batch_size, 0);
     }
 }

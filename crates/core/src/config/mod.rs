@@ -62,11 +62,19 @@ pub fn parse(text: &str, path: &str) -> Result<ModelConfig, ConfigError> {
     let text = &colon_before_message_lists(text);
     let message =
         DynamicMessage::parse_text_format(model_config_descriptor(), text).map_err(|e| {
+            // An error at the end of the text carries no label: report where the text ends,
+            // not 1:1.
             let offset = e
                 .labels()
                 .and_then(|mut labels| labels.next())
                 .map(|label| label.offset())
-                .unwrap_or(0);
+                .unwrap_or_else(|| {
+                    if e.to_string().contains("end of input") {
+                        text.len()
+                    } else {
+                        0
+                    }
+                });
             let (line, column) = line_and_column(text, offset);
             ConfigError::Syntax {
                 path: path.to_owned(),
@@ -358,5 +366,16 @@ mod tests {
             }
         }
         assert!(count >= 9, "expected the reference configs, found {count}");
+    }
+
+    #[test]
+    fn a_file_that_ends_early_is_reported_where_it_ends() {
+        let text = "name: \"m\"\nmax_batch_size: 1\ninput [ {\n  name: \"x\"\n";
+        let err = parse(text, "m/config.pbtxt")
+            .expect_err("must fail")
+            .to_string();
+        assert!(err.starts_with("m/config.pbtxt:5:1:"), "{err}");
+        let err = parse("name: ", "c").expect_err("must fail").to_string();
+        assert!(err.starts_with("c:1:7:"), "{err}");
     }
 }
