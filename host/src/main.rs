@@ -114,11 +114,16 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
-fn server_options(args: &RepositoryArgs, strict_readiness: bool) -> ServerOptions {
+fn server_options(
+    args: &RepositoryArgs,
+    strict_readiness: bool,
+    latency_summaries: bool,
+) -> ServerOptions {
     ServerOptions {
         model_repositories: args.model_repository.clone(),
         load: LoadOptions {
             strict_model_config: args.strict_model_config,
+            latency_summaries,
         },
         strict_readiness,
         wasm_cache_dir: args.wasm_cache_dir.clone().or_else(default_cache_dir),
@@ -166,16 +171,20 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn start_core(args: &RepositoryArgs, strict_readiness: bool) -> anyhow::Result<Arc<Server>> {
+async fn start_core(
+    args: &RepositoryArgs,
+    strict_readiness: bool,
+    latency_summaries: bool,
+) -> anyhow::Result<Arc<Server>> {
     init_logging(args.log_verbose);
     if let Err(e) = tessera::backend::onnx::init_runtime(args.onnxruntime_library.as_deref()) {
         tracing::warn!("{e}");
     }
-    Server::start(server_options(args, strict_readiness)).await
+    Server::start(server_options(args, strict_readiness, latency_summaries)).await
 }
 
 async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
-    let server = start_core(&args, true).await?;
+    let server = start_core(&args, true, false).await?;
     let rows = server.repository_index();
     let mut failed = 0;
     for row in &rows {
@@ -204,7 +213,13 @@ async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
-    let server = start_core(&args, serve.strict_readiness).await?;
+    let summaries = serve
+        .metrics_config
+        .iter()
+        .rev()
+        .find(|(key, _)| key == "summary_latencies")
+        .is_some_and(|(_, on)| *on);
+    let server = start_core(&args, serve.strict_readiness, summaries).await?;
     let broken: Vec<_> = server
         .repository_index()
         .into_iter()
@@ -236,12 +251,6 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             "Prometheus metrics on {}/metrics",
             metrics_listener.local_addr()?
         );
-        let summaries = serve
-            .metrics_config
-            .iter()
-            .rev()
-            .find(|(key, _)| key == "summary_latencies")
-            .is_some_and(|(_, on)| *on);
         let metrics_app = tessera::protocol::http::metrics_router(server.clone(), summaries);
         tokio::spawn(async move {
             if let Err(e) = axum::serve(metrics_listener, metrics_app).await {

@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
@@ -79,7 +80,7 @@ const WINDOW_AGE: Duration = Duration::from_secs(60);
 const WINDOW_LEN: usize = 8192;
 
 /// Recent observations of one duration, for quantiles.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Window(VecDeque<(Instant, u64)>);
 
 impl Window {
@@ -112,7 +113,7 @@ impl Window {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Windows {
     request: Window,
     queue: Window,
@@ -131,28 +132,116 @@ pub struct LatencyQuantiles {
     pub compute_output: Option<[u64; SUMMARY_QUANTILES.len()]>,
 }
 
+/// A [`Tally`] that many threads add to without a lock.
 #[derive(Debug, Default)]
-struct Live {
-    stats: StatsSnapshot,
-    windows: Windows,
+struct AtomicTally {
+    count: AtomicU64,
+    ns: AtomicU64,
 }
 
-/// Live statistics of one model version.
+impl AtomicTally {
+    fn add(&self, d: Duration) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ns.fetch_add(
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn load(&self) -> Tally {
+        Tally {
+            count: self.count.load(Ordering::Relaxed),
+            ns: self.ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
+struct AtomicBatchTally {
+    compute_input: AtomicTally,
+    compute_infer: AtomicTally,
+    compute_output: AtomicTally,
+}
+
+impl AtomicBatchTally {
+    fn add(&self, timing: ExecutionTiming) {
+        self.compute_input.add(timing.input);
+        self.compute_infer.add(timing.infer);
+        self.compute_output.add(timing.output);
+    }
+
+    fn load(&self) -> BatchTally {
+        BatchTally {
+            compute_input: self.compute_input.load(),
+            compute_infer: self.compute_infer.load(),
+            compute_output: self.compute_output.load(),
+        }
+    }
+}
+
+/// Live statistics of one model version. Counters are atomics, so recording takes no lock on the
+/// request path; the latency windows exist only when summaries are on, behind their own lock.
+#[derive(Debug)]
 pub struct ModelStats {
-    inner: Mutex<Live>,
+    last_inference_ms: AtomicU64,
+    inference_count: AtomicU64,
+    execution_count: AtomicU64,
+    success: AtomicTally,
+    fail: AtomicTally,
+    queue: AtomicTally,
+    compute_input: AtomicTally,
+    compute_infer: AtomicTally,
+    compute_output: AtomicTally,
+    /// Per batch size in rows, indexed by the size (0 unused).
+    batch: Box<[AtomicBatchTally]>,
+    /// Batch sizes past `batch` (not expected: the batcher never exceeds max_batch_size).
+    batch_overflow: Mutex<BTreeMap<usize, BatchTally>>,
+    /// Present with `--metrics-config summary_latencies=true` only.
+    windows: Option<Mutex<Windows>>,
+}
+
+impl Default for ModelStats {
+    fn default() -> Self {
+        ModelStats::new(8, false)
+    }
 }
 
 impl ModelStats {
-    fn live(&self) -> std::sync::MutexGuard<'_, Live> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// Statistics for a version whose executions hold at most `max_rows` rows; `summaries` keeps
+    /// the latency windows the summaries need.
+    pub fn new(max_rows: usize, summaries: bool) -> ModelStats {
+        ModelStats {
+            last_inference_ms: AtomicU64::new(0),
+            inference_count: AtomicU64::new(0),
+            execution_count: AtomicU64::new(0),
+            success: AtomicTally::default(),
+            fail: AtomicTally::default(),
+            queue: AtomicTally::default(),
+            compute_input: AtomicTally::default(),
+            compute_infer: AtomicTally::default(),
+            compute_output: AtomicTally::default(),
+            batch: (0..=max_rows.max(1))
+                .map(|_| AtomicBatchTally::default())
+                .collect(),
+            batch_overflow: Mutex::default(),
+            windows: summaries.then(Mutex::default),
+        }
     }
 
-    /// Recent latency quantiles, for the summaries of the exposition.
+    fn with_windows(&self, f: impl FnOnce(&mut Windows)) {
+        if let Some(windows) = &self.windows {
+            f(&mut windows.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+
+    /// Recent latency quantiles, for the summaries of the exposition. The windows are copied
+    /// under their lock and sorted outside it.
     pub fn quantiles(&self) -> LatencyQuantiles {
+        let Some(windows) = &self.windows else {
+            return LatencyQuantiles::default();
+        };
+        let w = windows.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let now = Instant::now();
-        let live = self.live();
-        let w = &live.windows;
         LatencyQuantiles {
             request: w.request.quantiles(now),
             queue: w.queue.quantiles(now),
@@ -167,46 +256,77 @@ impl ModelStats {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let mut live = self.live();
-        live.windows.request.push(Instant::now(), total);
-        let s = &mut live.stats;
-        s.last_inference_ms = now_ms;
+        self.last_inference_ms.store(now_ms, Ordering::Relaxed);
         if ok {
-            s.success.add(total)
+            self.success.add(total)
         } else {
-            s.fail.add(total)
+            self.fail.add(total)
         }
+        self.with_windows(|w| w.request.push(Instant::now(), total));
     }
 
     /// A request waited `waited` in the queue.
     pub fn record_queue(&self, waited: Duration) {
-        let mut live = self.live();
-        live.windows.queue.push(Instant::now(), waited);
-        live.stats.queue.add(waited);
+        self.queue.add(waited);
+        self.with_windows(|w| w.queue.push(Instant::now(), waited));
     }
 
     /// A batch of `rows` executed.
     pub fn record_execution(&self, rows: usize, timing: ExecutionTiming) {
-        let now = Instant::now();
-        let mut live = self.live();
-        let w = &mut live.windows;
-        w.compute_input.push(now, timing.input);
-        w.compute_infer.push(now, timing.infer);
-        w.compute_output.push(now, timing.output);
-        let s = &mut live.stats;
-        s.execution_count += 1;
-        s.inference_count += rows as u64;
-        s.compute_input.add(timing.input);
-        s.compute_infer.add(timing.infer);
-        s.compute_output.add(timing.output);
-        let b = s.batch.entry(rows).or_default();
-        b.compute_input.add(timing.input);
-        b.compute_infer.add(timing.infer);
-        b.compute_output.add(timing.output);
+        self.execution_count.fetch_add(1, Ordering::Relaxed);
+        self.inference_count
+            .fetch_add(rows as u64, Ordering::Relaxed);
+        self.compute_input.add(timing.input);
+        self.compute_infer.add(timing.infer);
+        self.compute_output.add(timing.output);
+        match self.batch.get(rows) {
+            Some(tally) => tally.add(timing),
+            None => {
+                let mut overflow = self
+                    .batch_overflow
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let b = overflow.entry(rows).or_default();
+                b.compute_input.add(timing.input);
+                b.compute_infer.add(timing.infer);
+                b.compute_output.add(timing.output);
+            }
+        }
+        self.with_windows(|w| {
+            let now = Instant::now();
+            w.compute_input.push(now, timing.input);
+            w.compute_infer.push(now, timing.infer);
+            w.compute_output.push(now, timing.output);
+        });
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
-        self.live().stats.clone()
+        let mut batch: BTreeMap<usize, BatchTally> = self
+            .batch
+            .iter()
+            .enumerate()
+            .map(|(size, tally)| (size, tally.load()))
+            .filter(|(_, b)| b.compute_infer.count > 0)
+            .collect();
+        batch.extend(
+            self.batch_overflow
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(size, b)| (*size, *b)),
+        );
+        StatsSnapshot {
+            last_inference_ms: self.last_inference_ms.load(Ordering::Relaxed),
+            inference_count: self.inference_count.load(Ordering::Relaxed),
+            execution_count: self.execution_count.load(Ordering::Relaxed),
+            success: self.success.load(),
+            fail: self.fail.load(),
+            queue: self.queue.load(),
+            compute_input: self.compute_input.load(),
+            compute_infer: self.compute_infer.load(),
+            compute_output: self.compute_output.load(),
+            batch,
+        }
     }
 }
 
@@ -528,5 +648,30 @@ mod tests {
         );
         // Every sample is still one line: the name's newline did not split it.
         assert!(text.lines().all(|l| l.starts_with('#') || l.contains('{')));
+    }
+
+    #[test]
+    fn statistics_count_without_windows_unless_summaries_are_on() {
+        let timing = ExecutionTiming {
+            input: Duration::from_micros(1),
+            infer: Duration::from_micros(5),
+            output: Duration::from_micros(2),
+        };
+        let stats = ModelStats::new(4, false);
+        stats.record_request(true, Duration::from_micros(10));
+        stats.record_request(false, Duration::from_micros(20));
+        stats.record_queue(Duration::from_micros(3));
+        stats.record_execution(4, timing);
+        stats.record_execution(9, timing); // past max_rows: still counted
+        let snap = stats.snapshot();
+        assert_eq!((snap.success.count, snap.fail.count), (1, 1));
+        assert_eq!(snap.success.ns, 10_000);
+        assert_eq!((snap.execution_count, snap.inference_count), (2, 13));
+        assert_eq!(snap.compute_infer.ns, 10_000);
+        assert_eq!(snap.batch.keys().copied().collect::<Vec<_>>(), vec![4, 9]);
+        assert_eq!(stats.quantiles(), LatencyQuantiles::default());
+        let with = ModelStats::new(4, true);
+        with.record_request(true, Duration::from_micros(10));
+        assert_eq!(with.quantiles().request, Some([10; 4]));
     }
 }

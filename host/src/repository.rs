@@ -11,7 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
+
+use arc_swap::ArcSwap;
 
 use crate::backend::{self, Backends, LoadContext};
 use crate::config::{self, BackendKind, ModelConfig, model_file, pb};
@@ -74,18 +76,30 @@ pub struct IndexRow {
 pub struct LoadOptions {
     /// `--strict-model-config`: require `config.pbtxt` to be complete; no auto-completion.
     pub strict_model_config: bool,
+    /// `--metrics-config summary_latencies=true`: models keep the latency windows the summaries
+    /// need (otherwise recording statistics costs a few atomic additions).
+    pub latency_summaries: bool,
 }
+
+/// Every model and what became of it, by name: an immutable snapshot.
+type ModelTable = BTreeMap<String, ModelEntry>;
 
 /// All models of all repository paths.
 pub struct Repository {
     paths: Vec<PathBuf>,
-    models: RwLock<BTreeMap<String, ModelEntry>>,
+    /// Read without locking by every request; changed only by building a new table beside the
+    /// live one and swapping it in, so a request sees one consistent table (and a reload can
+    /// replace a model while requests run).
+    table: ArcSwap<ModelTable>,
+    /// Serializes the writers, so no change is lost between copying the table and swapping it.
+    writer: Mutex<()>,
     /// What loads a model of each kind.
     backends: Backends,
     /// Shared by every instance that names rate-limiter resources.
     limiter: Arc<RateLimiter>,
     /// The request path, for models that call other models.
     inference: Weak<dyn Inference>,
+    latency_summaries: bool,
 }
 
 impl Repository {
@@ -94,22 +108,30 @@ impl Repository {
         backends: Backends,
         limiter: Arc<RateLimiter>,
         inference: Weak<dyn Inference>,
+        options: &LoadOptions,
     ) -> Repository {
         Repository {
             paths,
-            models: RwLock::new(BTreeMap::new()),
+            table: ArcSwap::from_pointee(ModelTable::new()),
+            writer: Mutex::new(()),
             backends,
             limiter,
             inference,
+            latency_summaries: options.latency_summaries,
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, ModelEntry>> {
-        self.models.read().unwrap_or_else(|p| p.into_inner())
+    /// The live table.
+    fn read(&self) -> arc_swap::Guard<Arc<ModelTable>> {
+        self.table.load()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ModelEntry>> {
-        self.models.write().unwrap_or_else(|p| p.into_inner())
+    /// Builds the next table from the live one with `change`, and swaps it in.
+    fn update(&self, change: impl FnOnce(&mut ModelTable)) {
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = ModelTable::clone(&self.table.load());
+        change(&mut next);
+        self.table.store(Arc::new(next));
     }
 
     /// Loads every model. Ensembles load last, as they refer to the others.
@@ -134,10 +156,14 @@ impl Repository {
         // Plain models first, then ensembles, each after the ensembles it uses as steps.
         prepared.sort_by_key(|(name, _, _)| depths.get(name).copied().unwrap_or(0));
         for (name, entry, kind) in prepared {
-            self.write().insert(name.clone(), entry.clone());
+            self.update(|t| {
+                t.insert(name.clone(), entry.clone());
+            });
             let Some(kind) = kind else { continue };
             let loaded = self.load_versions(&name, entry, kind).await;
-            self.write().insert(name, loaded);
+            self.update(|t| {
+                t.insert(name, loaded);
+            });
         }
         Ok(())
     }
@@ -269,14 +295,15 @@ impl Repository {
 
     /// Drops every model: their schedulers finish what is queued, then stop.
     pub fn unload_all(&self) {
-        let mut models = self.write();
-        for entry in models.values_mut() {
-            for status in entry.versions.values_mut() {
-                status.state = ModelState::Unavailable;
-                status.reason = "unloaded".into();
-                status.model = None;
+        self.update(|models| {
+            for entry in models.values_mut() {
+                for status in entry.versions.values_mut() {
+                    status.state = ModelState::Unavailable;
+                    status.reason = "unloaded".into();
+                    status.model = None;
+                }
             }
-        }
+        });
     }
 }
 
@@ -621,7 +648,8 @@ impl Repository {
                 .and_then(|instances| executors(&config, instances, limiter));
             match loaded {
                 Ok(executors) => {
-                    let stats = Arc::new(ModelStats::default());
+                    let max_rows = usize::try_from(config.max_batch_size).unwrap_or(0);
+                    let stats = Arc::new(ModelStats::new(max_rows, self.latency_summaries));
                     let scheduler = Scheduler::start(
                         BatchPolicy::from_config(&config),
                         executors,

@@ -74,6 +74,7 @@ impl Server {
                     backends,
                     limiter,
                     inference,
+                    &options.load,
                 ),
                 options,
                 wasm,
