@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let wasm = WasmRuntime::new(None)?;
+        let wasm = WasmRuntime::new(None, &tessera::limits::ServerLimits::default())?;
         let model = Standalone::load(&wasm, "add_sub_wasm", &root.join("1/model.wasm"), &config)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let (warm, n_inst, n_exec) = (200, 3000, 20000);

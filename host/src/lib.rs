@@ -9,6 +9,7 @@
 //! `Server::infer` too, so every request of a model shares one queue and one batcher.
 
 pub mod backend;
+pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod protocol;

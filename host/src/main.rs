@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{ArgAction, Args, Parser, Subcommand};
+use tessera::limits::ServerLimits;
 use tessera::repository::{LoadOptions, ModelState};
 use tessera::server::{Server, ServerOptions};
 use tracing_subscriber::EnvFilter;
@@ -26,7 +27,7 @@ struct Cli {
 enum Command {
     /// Load every model (configuration, model files, Wasm `initialize`, warmup) without serving;
     /// print each model version's state and exit non-zero when any fails.
-    Check(RepositoryArgs),
+    Check(CheckArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -56,10 +57,23 @@ struct RepositoryArgs {
     log_verbose: u8,
 }
 
+/// `tessera check`: the repository flags and the limits it would serve with.
+#[derive(Args, Debug, Clone)]
+struct CheckArgs {
+    #[command(flatten)]
+    repository: RepositoryArgs,
+    #[command(flatten)]
+    limits: ServerLimits,
+}
+
 #[derive(Args, Debug)]
 struct ServeArgs {
     #[command(flatten)]
     repository: Option<RepositoryArgs>,
+    // Not inside RepositoryArgs: clap cannot tell an Option'al flattened group is present when it
+    // holds another flattened group.
+    #[command(flatten)]
+    limits: ServerLimits,
     /// Address the HTTP and metrics endpoints listen on.
     #[arg(long, default_value = "0.0.0.0")]
     http_address: String,
@@ -116,6 +130,7 @@ fn init_logging(verbose: u8) {
 
 fn server_options(
     args: &RepositoryArgs,
+    limits: &ServerLimits,
     strict_readiness: bool,
     latency_summaries: bool,
 ) -> ServerOptions {
@@ -124,11 +139,13 @@ fn server_options(
         load: LoadOptions {
             strict_model_config: args.strict_model_config,
             latency_summaries,
+            default_max_queue_size: limits.default_max_queue_size,
         },
         strict_readiness,
         wasm_cache_dir: args.wasm_cache_dir.clone().or_else(default_cache_dir),
         rate_limit: args.rate_limit == "execution_count",
         rate_limit_resources: args.rate_limit_resource.clone(),
+        limits: limits.clone(),
     }
 }
 
@@ -173,6 +190,7 @@ async fn main() -> anyhow::Result<()> {
 
 async fn start_core(
     args: &RepositoryArgs,
+    limits: &ServerLimits,
     strict_readiness: bool,
     latency_summaries: bool,
 ) -> anyhow::Result<Arc<Server>> {
@@ -180,11 +198,20 @@ async fn start_core(
     if let Err(e) = tessera::backend::onnx::init_runtime(args.onnxruntime_library.as_deref()) {
         tracing::warn!("{e}");
     }
-    Server::start(server_options(args, strict_readiness, latency_summaries)).await
+    Server::start(server_options(
+        args,
+        limits,
+        strict_readiness,
+        latency_summaries,
+    ))
+    .await
 }
 
-async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
-    let server = start_core(&args, true, false).await?;
+async fn check(args: CheckArgs) -> anyhow::Result<()> {
+    let server = start_core(&args.repository, &args.limits, true, false).await?;
+    for line in server.limits().describe() {
+        println!("limit\t{line}");
+    }
     let rows = server.repository_index();
     let mut failed = 0;
     for row in &rows {
@@ -205,7 +232,7 @@ async fn check(args: RepositoryArgs) -> anyhow::Result<()> {
             );
         }
     }
-    server.shutdown(std::time::Duration::from_secs(10)).await;
+    server.shutdown().await;
     if failed > 0 {
         anyhow::bail!("{failed} of {} model versions cannot load", rows.len());
     }
@@ -219,7 +246,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .rev()
         .find(|(key, _)| key == "summary_latencies")
         .is_some_and(|(_, on)| *on);
-    let server = start_core(&args, serve.strict_readiness, summaries).await?;
+    let server = start_core(&args, &serve.limits, serve.strict_readiness, summaries).await?;
     let broken: Vec<_> = server
         .repository_index()
         .into_iter()
@@ -269,7 +296,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .context("HTTP server failed")?;
     tracing::info!("shutting down");
     // Let queued work finish and handlers' `finalize` run before the process exits.
-    server.shutdown(std::time::Duration::from_secs(10)).await;
+    server.shutdown().await;
     Ok(())
 }
 

@@ -79,6 +79,8 @@ pub struct LoadOptions {
     /// `--metrics-config summary_latencies=true`: models keep the latency windows the summaries
     /// need (otherwise recording statistics costs a few atomic additions).
     pub latency_summaries: bool,
+    /// `--default-max-queue-size`: the queue bound of models whose policy sets none (0: none).
+    pub default_max_queue_size: usize,
 }
 
 /// Every model and what became of it, by name: an immutable snapshot.
@@ -100,6 +102,7 @@ pub struct Repository {
     /// The request path, for models that call other models.
     inference: Weak<dyn Inference>,
     latency_summaries: bool,
+    default_max_queue_size: usize,
 }
 
 impl Repository {
@@ -118,6 +121,7 @@ impl Repository {
             limiter,
             inference,
             latency_summaries: options.latency_summaries,
+            default_max_queue_size: options.default_max_queue_size,
         }
     }
 
@@ -651,7 +655,8 @@ impl Repository {
                     let max_rows = usize::try_from(config.max_batch_size).unwrap_or(0);
                     let stats = Arc::new(ModelStats::new(max_rows, self.latency_summaries));
                     let scheduler = Scheduler::start(
-                        BatchPolicy::from_config(&config),
+                        BatchPolicy::from_config(&config)
+                            .with_default_max_queue_size(self.default_max_queue_size),
                         executors,
                         stats.clone(),
                         limiter.clone(),

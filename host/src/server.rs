@@ -5,7 +5,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
 use crate::backend::Backends;
 use crate::backend::ensemble::EnsembleBackend;
@@ -15,6 +14,7 @@ use crate::config::{BackendKind, ModelConfig};
 use crate::infer::{
     BoxFuture, CallContext, ErrorKind, InferError, InferRequest, InferResult, Inference,
 };
+use crate::limits::ServerLimits;
 use crate::metrics::StatsSnapshot;
 use crate::repository::{IndexRow, LoadOptions, Repository};
 use crate::scheduler::rate_limit::RateLimiter;
@@ -33,10 +33,8 @@ pub struct ServerOptions {
     pub rate_limit: bool,
     /// `--rate-limit-resource NAME:COUNT[:DEVICE]`, parsed.
     pub rate_limit_resources: Vec<(String, u64)>,
+    pub limits: ServerLimits,
 }
-
-/// Maximum depth of nested BLS calls (a handler calling a model that calls a model...).
-pub const MAX_CALL_DEPTH: usize = 8;
 
 pub struct Server {
     options: ServerOptions,
@@ -44,6 +42,8 @@ pub struct Server {
     wasm: Arc<WasmRuntime>,
     /// BLS calls in flight, to refuse calls that would deadlock across requests.
     waits: WaitGraph,
+    /// Admission control: one permit per client request in flight (`--max-inflight-requests`).
+    inflight: tokio::sync::Semaphore,
 }
 
 /// The statistics of one model version.
@@ -56,7 +56,10 @@ pub struct VersionStatistics {
 impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
-        let wasm = Arc::new(WasmRuntime::new(options.wasm_cache_dir.clone())?);
+        let wasm = Arc::new(WasmRuntime::new(
+            options.wasm_cache_dir.clone(),
+            &options.limits,
+        )?);
         let limiter = Arc::new(RateLimiter::new(
             options.rate_limit,
             &options.rate_limit_resources,
@@ -64,7 +67,12 @@ impl Server {
         let backends = Backends::default()
             .with(BackendKind::Onnx, Arc::new(OnnxBackend))
             .with(BackendKind::Wasm, Arc::new(WasmBackend(wasm.clone())))
-            .with(BackendKind::Ensemble, Arc::new(EnsembleBackend));
+            .with(
+                BackendKind::Ensemble,
+                Arc::new(EnsembleBackend {
+                    concurrency: options.limits.ensemble_concurrency,
+                }),
+            );
         // Models hold the request path weakly: they are owned by the server they call into.
         let server = Arc::new_cyclic(|me: &Weak<Server>| {
             let inference: Weak<dyn Inference> = me.clone();
@@ -76,6 +84,7 @@ impl Server {
                     inference,
                     &options.load,
                 ),
+                inflight: tokio::sync::Semaphore::new(options.limits.max_inflight_requests),
                 options,
                 wasm,
                 waits: WaitGraph::default(),
@@ -107,12 +116,23 @@ impl Server {
                 ),
             ));
         }
-        if cx.call_chain.len() >= MAX_CALL_DEPTH {
+        let max_depth = self.options.limits.max_call_depth;
+        if cx.call_chain.len() >= max_depth {
             return Err(InferError::new(
                 ErrorKind::ResourceExhausted,
-                format!("BLS call depth limit of {MAX_CALL_DEPTH} exceeded calling '{model}'"),
+                format!("BLS call depth limit of {max_depth} exceeded calling '{model}'"),
             ));
         }
+        // Client requests are admitted here; the calls they make inside are part of them.
+        let _admitted = match cx.call_chain.is_empty() && !cx.warmup {
+            true => Some(self.inflight.try_acquire().map_err(|_| {
+                InferError::unavailable(format!(
+                    "the server has {} requests in flight, its limit (--max-inflight-requests); retry later",
+                    self.options.limits.max_inflight_requests
+                ))
+            })?),
+            false => None,
+        };
         let target = self.repository.ready_model(model, version)?;
         let _waiting = match cx.caller() {
             Some(caller) => Some(self.waits.enter(caller, model).map_err(|cycle| {
@@ -233,11 +253,16 @@ impl Server {
         !self.options.strict_readiness || self.repository.all_ready()
     }
 
+    /// The server-wide limits it runs with.
+    pub fn limits(&self) -> &ServerLimits {
+        &self.options.limits
+    }
+
     /// Unloads every model: queued work finishes, then instances are dropped, and Wasm handlers'
-    /// `finalize` runs; waits for those at most `drain`.
-    pub async fn shutdown(&self, drain: Duration) {
+    /// `finalize` runs; waits for those at most the drain timeout.
+    pub async fn shutdown(&self) {
         self.repository.unload_all();
-        self.wasm.drain(drain).await;
+        self.wasm.drain(self.options.limits.drain_timeout()).await;
     }
 }
 

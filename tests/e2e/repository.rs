@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::harness::{TestServer, examples_repo, ort_library, shared_cache, temp_dir};
+use crate::harness::{
+    TestServer, examples_repo, fixtures_repo, ort_library, shared_cache, temp_dir,
+};
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("mkdir");
@@ -169,6 +171,11 @@ fn check_command_reports_each_version() {
         stdout.contains("preprocess_text\t1\tREADY-to-load"),
         "{stdout}"
     );
+    // The server-wide limits are printed with their values.
+    assert!(
+        stdout.contains("limit\tmax_inflight_requests\t4096"),
+        "{stdout}"
+    );
 
     let bad = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["check", "--model-repository"])
@@ -265,4 +272,45 @@ async fn reshape_maps_client_dims_to_model_dims() {
     assert_eq!(got, (0..32).map(|i| i as f64 + 1.0).collect::<Vec<_>>());
     let (_, meta) = s.get("/v2/models/grid").await;
     assert_eq!(meta["inputs"][0]["shape"], serde_json::json!([-1, 4, 4]));
+}
+
+/// `tessera check` on the fixtures under an address-space limit of about 12 GB.
+fn check_under_ulimit(extra: &str) -> std::process::Output {
+    let command = format!(
+        "ulimit -v 12000000 && exec '{}' check --model-repository '{}' --wasm-cache-dir '{}' {extra}",
+        env!("CARGO_BIN_EXE_tessera"),
+        fixtures_repo().display(),
+        shared_cache().display(),
+    );
+    Command::new("sh")
+        .args(["-c", &command])
+        .env("ORT_DYLIB_PATH", ort_library())
+        .output()
+        .expect("runs")
+}
+
+#[test]
+fn the_wasm_pool_is_sized_from_the_server_limits() {
+    // The default pool reserves terabytes of address space: refused under `ulimit -v`, with a
+    // message that says what to lower.
+    let default = check_under_ulimit("");
+    let stderr = String::from_utf8_lossy(&default.stderr);
+    assert!(!default.status.success());
+    assert!(stderr.contains("--wasm-pool-instances"), "{stderr}");
+    // Sized for 16 instances of at most 256 MiB, the same repository loads.
+    let sized = check_under_ulimit("--wasm-pool-instances 16 --wasm-max-memory-bytes 268435456");
+    let stdout = String::from_utf8_lossy(&sized.stdout);
+    assert!(
+        sized.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&sized.stderr)
+    );
+    assert!(
+        stdout.contains("identity_echo\t1\tREADY-to-load"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("limit\twasm_pool_instances\t16"),
+        "{stdout}"
+    );
 }

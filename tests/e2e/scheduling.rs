@@ -801,3 +801,39 @@ async fn graceful_shutdown_runs_finalize() {
         "both instances finalized:\n{log}"
     );
 }
+
+#[tokio::test]
+async fn admission_control_refuses_requests_beyond_the_in_flight_limit() {
+    let repo = temp_dir("admission");
+    slow_echo(&repo, "slow", "max_batch_size: 1");
+    let s = start(repo, &["--max-inflight-requests", "1"]).await;
+    let url = s.url("/v2/models/slow/infer");
+    let client = s.client.clone();
+    let first = tokio::spawn(async move {
+        let r = client
+            .post(url)
+            .json(&echo_request(1.0, 2000, 0))
+            .send()
+            .await
+            .expect("answers");
+        r.status().as_u16()
+    });
+    // The first request is running: the server is at its limit of one.
+    wait_for(&s, Then::Started("slow", 1)).await;
+    let (status, err) = s
+        .post_json("/v2/models/slow/infer", &echo_request(2.0, 0, 0))
+        .await;
+    assert_eq!(status, 503, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("--max-inflight-requests")),
+        "{err}"
+    );
+    assert_eq!(first.await.expect("first"), 200);
+    // Once it is done, requests are admitted again.
+    let (status, body) = s
+        .post_json("/v2/models/slow/infer", &echo_request(3.0, 0, 0))
+        .await;
+    assert_eq!(status, 200, "{body}");
+}

@@ -25,9 +25,6 @@ use crate::infer::{
 use crate::metrics::ExecutionTiming;
 use crate::tensor::{DataType, Tensor};
 
-/// Concurrent requests one ensemble runs; its steps queue at their own models.
-const ENSEMBLE_CONCURRENCY: usize = 256;
-
 /// One step, resolved.
 #[derive(Debug)]
 struct Step {
@@ -193,24 +190,28 @@ fn check_acyclic(steps: &[Step], config: &ModelConfig) -> Result<(), LoadError> 
 }
 
 /// The ensemble backend: each instance runs requests through the validated plan.
-pub struct EnsembleBackend;
+pub struct EnsembleBackend {
+    /// Requests one ensemble runs at once (`--ensemble-concurrency`); its steps queue at their
+    /// own models.
+    pub concurrency: usize,
+}
 
 impl Backend for EnsembleBackend {
     fn load<'a>(
         &'a self,
         ctx: &'a LoadContext,
     ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>> {
-        Box::pin(async move { load(ctx) })
+        Box::pin(async move { load(ctx, self.concurrency) })
     }
 }
 
-fn load(ctx: &LoadContext) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
+fn load(ctx: &LoadContext, concurrency: usize) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
     let inference = ctx
         .inference
         .upgrade()
         .ok_or_else(|| LoadError::new("server is shutting down"))?;
     let plan = Arc::new(plan(&ctx.name, &ctx.config, inference.as_ref())?);
-    Ok((0..ENSEMBLE_CONCURRENCY)
+    Ok((0..concurrency.max(1))
         .map(|_| {
             Box::new(EnsembleInstance {
                 plan: plan.clone(),

@@ -75,6 +75,8 @@ pub struct BatchPolicy {
     pub dynamic: Option<DynamicBatching>,
     /// Input names whose shapes may differ between merged requests (`allow_ragged_batch`).
     pub ragged_inputs: Vec<String>,
+    /// The server's `--default-max-queue-size`, for levels whose policy sets no bound.
+    pub default_max_queue_size: usize,
 }
 
 /// The `dynamic_batching` settings.
@@ -132,7 +134,14 @@ impl BatchPolicy {
                 .filter(|i| i.allow_ragged_batch)
                 .map(|i| i.name.clone())
                 .collect(),
+            default_max_queue_size: 0,
         }
+    }
+
+    /// Bounds every queue level whose policy sets no `max_queue_size` (0 leaves them unbounded).
+    pub fn with_default_max_queue_size(mut self, bound: usize) -> BatchPolicy {
+        self.default_max_queue_size = bound;
+        self
     }
 
     pub fn priority_levels(&self) -> usize {
@@ -155,14 +164,18 @@ impl BatchPolicy {
 
     /// The queue policy of a 0-based level.
     pub fn queue_policy(&self, level: usize) -> QueuePolicy {
-        match &self.dynamic {
+        let mut policy = match &self.dynamic {
             Some(d) => d
                 .priority_queue_policy
                 .get(&(level + 1))
                 .unwrap_or(&d.default_queue_policy)
                 .clone(),
             None => QueuePolicy::default(),
+        };
+        if policy.max_queue_size == 0 {
+            policy.max_queue_size = self.default_max_queue_size;
         }
+        policy
     }
 
     /// Rows a request contributes to a batch: its batch dimension, or 1 for unbatched models.

@@ -3,8 +3,8 @@
 //!
 //! | parameter             | unit  | default   | why |
 //! |-----------------------|-------|-----------|-----|
-//! | `max_memory_bytes`    | bytes | 256 MiB   | a guest's linear memory; past it, growth fails and the guest traps. Bounds what one tenant takes from the machine. At most 4 GiB. |
-//! | `execute_deadline_ms` | ms    | 10 000    | wall-clock time of one `execute` (or `initialize`), BLS calls included. A looping guest is interrupted at the next epoch tick (5 ms) and its instance replaced. |
+//! | `max_memory_bytes`    | bytes | 256 MiB   | a guest's linear memory; past it, growth fails and the guest traps. Bounds what one tenant takes from the machine. At most `--wasm-max-memory-bytes` (4 GiB). |
+//! | `execute_deadline_ms` | ms    | 10 000    | wall-clock time of one `execute` (or `initialize`), BLS calls included. A looping guest is interrupted at the next epoch tick (`--epoch-tick-ms`, 5 ms) and its instance replaced. |
 //! | `fuel_per_execute`    | fuel  | unlimited | wasmtime fuel (about one unit per instruction) per `execute`: a deterministic CPU budget, independent of machine load. |
 //! | `max_output_bytes`    | bytes | 64 MiB    | total output tensor bytes of one response; a larger response fails that request only. |
 //! | `max_table_elements`  | count | 100 000   | elements of one table (function pointers); stops table-growth abuse. |
@@ -53,7 +53,8 @@ impl Default for Limits {
 }
 
 impl Limits {
-    pub fn from_config(config: &ModelConfig) -> Result<Limits, String> {
+    /// The limits `config` sets; `max_memory_cap` is the server's `--wasm-max-memory-bytes`.
+    pub fn from_config(config: &ModelConfig, max_memory_cap: u64) -> Result<Limits, String> {
         let mut limits = Limits::default();
         let number = |key: &str| -> Result<Option<u64>, String> {
             string_parameter(config, key)
@@ -70,10 +71,9 @@ impl Limits {
         };
         let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         if let Some(n) = number("max_memory_bytes")? {
-            if n > super::MAX_MEMORY_CAP {
+            if n > max_memory_cap {
                 return Err(format!(
-                    "max_memory_bytes {n} exceeds the server's cap of {}",
-                    super::MAX_MEMORY_CAP
+                    "max_memory_bytes {n} exceeds the server's cap of {max_memory_cap} (--wasm-max-memory-bytes)"
                 ));
             }
             limits.max_memory_bytes = size(n);
@@ -331,7 +331,7 @@ mod tests {
             "c",
         )
         .expect("parses");
-        let limits = Limits::from_config(&config).expect("valid");
+        let limits = Limits::from_config(&config, 4 << 30).expect("valid");
         assert_eq!(limits.max_memory_bytes, 1 << 20);
         assert_eq!(limits.execute_deadline, Duration::from_millis(250));
         assert_eq!(limits.fuel_per_execute, u64::MAX);
@@ -354,7 +354,7 @@ mod tests {
             "c",
         )
         .expect("parses");
-        let e = Limits::from_config(&config).expect_err("invalid");
+        let e = Limits::from_config(&config, 4 << 30).expect_err("invalid");
         assert!(e.contains("fuel_per_execute"), "{e}");
     }
 }

@@ -39,17 +39,11 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-/// How often the epoch advances. A running guest is interrupted at this granularity: it yields
-/// to the async executor on each tick, and its wall-clock deadline is checked.
-pub const EPOCH_TICK: Duration = Duration::from_millis(5);
-
-/// The largest linear memory any handler may be configured with (`max_memory_bytes`); the
-/// pooling allocator reserves address space for this per memory slot.
-pub const MAX_MEMORY_CAP: u64 = 4 << 30;
-
 /// Per-server Wasm state.
 pub struct WasmRuntime {
     engine: Engine,
+    /// The largest `max_memory_bytes` a handler may be given (`--wasm-max-memory-bytes`).
+    max_memory_bytes: u64,
     linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     pub counters: Arc<limits::CounterRegistry>,
@@ -57,40 +51,57 @@ pub struct WasmRuntime {
 }
 
 impl WasmRuntime {
-    pub fn new(cache_dir: Option<PathBuf>) -> anyhow::Result<WasmRuntime> {
+    /// The engine and its pooling allocator, sized from the server's limits: each memory slot
+    /// reserves address space (not memory) for the largest memory a handler may have.
+    pub fn new(
+        cache_dir: Option<PathBuf>,
+        limits: &crate::limits::ServerLimits,
+    ) -> anyhow::Result<WasmRuntime> {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         config.consume_fuel(true);
+        let max_memory = usize::try_from(limits.wasm_max_memory_bytes)?;
+        // A memory needs no more reservation than it may grow to.
+        config.memory_reservation(limits.wasm_max_memory_bytes);
+        let instances = limits.wasm_pool_instances;
         let mut pool = wasmtime::PoolingAllocationConfig::default();
-        // Room for many models and instances; each slot costs address space, not memory.
-        pool.total_component_instances(1000);
-        pool.total_core_instances(10_000);
+        pool.total_component_instances(instances);
+        pool.total_core_instances(instances.saturating_mul(10));
         pool.max_core_instances_per_component(64);
-        pool.total_memories(2000);
+        pool.total_memories(limits.wasm_memory_slots());
         pool.max_memories_per_component(8);
-        pool.total_tables(4000);
+        pool.total_tables(instances.saturating_mul(4));
         pool.max_tables_per_component(32);
-        pool.max_memory_size(MAX_MEMORY_CAP as usize);
-        pool.total_stacks(1000);
+        pool.max_memory_size(max_memory);
+        pool.total_stacks(instances);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config)?;
+        let engine = Engine::new(&config).map_err(|e| {
+            anyhow::anyhow!(
+                "the Wasm instance pool could not reserve {} GiB of address space: {e:#}. Lower \
+                 --wasm-pool-instances or --wasm-max-memory-bytes (under `ulimit -v`, or in a \
+                 container that caps address space)",
+                limits.wasm_reservation_bytes() >> 30
+            )
+        })?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         Model::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
         // The epoch ticker lives as long as the process; it holds only a weak engine handle.
         let weak = engine.weak();
+        let tick = limits.epoch_tick();
         std::thread::Builder::new()
             .name("tessera-epoch".into())
             .spawn(move || {
                 while let Some(engine) = weak.upgrade() {
                     engine.increment_epoch();
                     drop(engine);
-                    std::thread::sleep(EPOCH_TICK);
+                    std::thread::sleep(tick);
                 }
             })?;
         Ok(WasmRuntime {
             engine,
+            max_memory_bytes: limits.wasm_max_memory_bytes,
             linker,
             cache_dir,
             counters: Arc::default(),
@@ -139,7 +150,7 @@ fn prepare(
     component_path: &std::path::Path,
     inference: std::sync::Weak<dyn Inference>,
 ) -> Result<Arc<WasmModel>, LoadError> {
-    let limits = Limits::from_config(config).map_err(LoadError::new)?;
+    let limits = Limits::from_config(config, runtime.max_memory_bytes).map_err(LoadError::new)?;
     let bytes = std::fs::read(component_path).map_err(|e| {
         LoadError::new(format!(
             "cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)",

@@ -1,0 +1,106 @@
+//! Server-wide limits, in one place. Each is a command-line flag and an environment variable;
+//! `tessera check` prints them. Per-model limits stay with the model (`config.pbtxt`: the queue
+//! policy, the Wasm sandbox parameters in `backend/wasm/limits.rs`).
+//!
+//! | flag / variable | unit | default | why |
+//! |---|---|---|---|
+//! | `--max-inflight-requests` / `TESSERA_MAX_INFLIGHT_REQUESTS` | requests | 4 096 | client requests (HTTP) admitted at once across all models; beyond it the answer is 503 at once. A saturated server refuses work instead of queueing it without end. The BLS calls and ensemble steps of an admitted request are not counted again (refusing them could fail a request already half done). |
+//! | `--default-max-queue-size` / `TESSERA_DEFAULT_MAX_QUEUE_SIZE` | requests | 0 (unbounded) | the queue bound of a model whose queue policy sets no `max_queue_size`; 0 keeps Triton's unbounded default, since the in-flight limit bounds the total. |
+//! | `--max-call-depth` / `TESSERA_MAX_CALL_DEPTH` | calls | 8 | nesting of BLS calls and ensembles (a handler calling a model that calls a model...). Every level holds an instance while it waits. |
+//! | `--ensemble-concurrency` / `TESSERA_ENSEMBLE_CONCURRENCY` | requests | 256 | requests one ensemble runs at once; each waits on its steps' queues, so this bounds the ensemble's share of the in-flight work, not CPU. |
+//! | `--drain-timeout-ms` / `TESSERA_DRAIN_TIMEOUT_MS` | ms | 10 000 | at shutdown, how long queued work and handlers' `finalize` may take before the process exits. |
+//! | `--epoch-tick-ms` / `TESSERA_EPOCH_TICK_MS` | ms | 5 | how often a running Wasm guest is interrupted to check its deadline and yield the thread: the granularity of `execute_deadline_ms`. Shorter costs more interrupts. |
+//! | `--wasm-pool-instances` / `TESSERA_WASM_POOL_INSTANCES` | instances | 1 000 | Wasm instances alive at once, all models together (the pooling allocator's slots; each handler instance takes one). |
+//! | `--wasm-max-memory-bytes` / `TESSERA_WASM_MAX_MEMORY_BYTES` | bytes | 4 GiB | the largest `max_memory_bytes` a handler may be given. The pool reserves address space (not memory) for it in every memory slot (two per instance slot), so the reservation is about 2 × instances × this; lower both under `ulimit -v` or in containers that cap address space. |
+
+use std::time::Duration;
+
+/// The server-wide limits (see the module documentation for each one's reason).
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServerLimits {
+    /// Client requests in flight at once, all models together; beyond it: 503.
+    #[arg(long, env = "TESSERA_MAX_INFLIGHT_REQUESTS", default_value_t = 4096)]
+    pub max_inflight_requests: usize,
+    /// Queue bound of models whose queue policy sets no max_queue_size (0: unbounded).
+    #[arg(long, env = "TESSERA_DEFAULT_MAX_QUEUE_SIZE", default_value_t = 0)]
+    pub default_max_queue_size: usize,
+    /// Deepest nesting of BLS calls and ensembles.
+    #[arg(long, env = "TESSERA_MAX_CALL_DEPTH", default_value_t = 8)]
+    pub max_call_depth: usize,
+    /// Requests one ensemble runs at once.
+    #[arg(long, env = "TESSERA_ENSEMBLE_CONCURRENCY", default_value_t = 256)]
+    pub ensemble_concurrency: usize,
+    /// Milliseconds queued work and handlers' finalize may take at shutdown.
+    #[arg(long, env = "TESSERA_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
+    pub drain_timeout_ms: u64,
+    /// Milliseconds between interruptions of a running Wasm guest.
+    #[arg(long, env = "TESSERA_EPOCH_TICK_MS", default_value_t = 5)]
+    pub epoch_tick_ms: u64,
+    /// Wasm instances alive at once, all models together.
+    #[arg(long, env = "TESSERA_WASM_POOL_INSTANCES", default_value_t = 1000)]
+    pub wasm_pool_instances: u32,
+    /// Largest max_memory_bytes a Wasm handler may be given, in bytes.
+    #[arg(long, env = "TESSERA_WASM_MAX_MEMORY_BYTES", default_value_t = 4 << 30)]
+    pub wasm_max_memory_bytes: u64,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_inflight_requests: 4096,
+            default_max_queue_size: 0,
+            max_call_depth: 8,
+            ensemble_concurrency: 256,
+            drain_timeout_ms: 10_000,
+            epoch_tick_ms: 5,
+            wasm_pool_instances: 1000,
+            wasm_max_memory_bytes: 4 << 30,
+        }
+    }
+}
+
+impl ServerLimits {
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    pub fn epoch_tick(&self) -> Duration {
+        Duration::from_millis(self.epoch_tick_ms.max(1))
+    }
+
+    /// Memory slots of the Wasm pool: two per instance (a component may hold more than one
+    /// core memory).
+    pub fn wasm_memory_slots(&self) -> u32 {
+        self.wasm_pool_instances.saturating_mul(2)
+    }
+
+    /// Address space the Wasm pool reserves up front, in bytes (memory slots × the largest
+    /// memory, plus a 32 MiB guard each).
+    pub fn wasm_reservation_bytes(&self) -> u64 {
+        u64::from(self.wasm_memory_slots()).saturating_mul(self.wasm_max_memory_bytes + (32 << 20))
+    }
+
+    /// One line per limit, for `tessera check`.
+    pub fn describe(&self) -> Vec<String> {
+        vec![
+            format!("max_inflight_requests\t{}", self.max_inflight_requests),
+            format!(
+                "default_max_queue_size\t{}",
+                match self.default_max_queue_size {
+                    0 => "unbounded".to_owned(),
+                    n => n.to_string(),
+                }
+            ),
+            format!("max_call_depth\t{}", self.max_call_depth),
+            format!("ensemble_concurrency\t{}", self.ensemble_concurrency),
+            format!("drain_timeout_ms\t{}", self.drain_timeout_ms),
+            format!("epoch_tick_ms\t{}", self.epoch_tick_ms),
+            format!("wasm_pool_instances\t{}", self.wasm_pool_instances),
+            format!("wasm_max_memory_bytes\t{}", self.wasm_max_memory_bytes),
+            format!(
+                "wasm_address_space_reserved\t{} GiB",
+                self.wasm_reservation_bytes() >> 30
+            ),
+        ]
+    }
+}
