@@ -34,6 +34,7 @@ fn error_text(what: &str, body: &Value) -> String {
 
 #[tokio::test]
 async fn declared_shapes_cannot_abort_or_panic_the_server() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let cases = [
         // ~10^12 elements, one element of data: the decoder allocated 8 TB and aborted.
@@ -81,6 +82,7 @@ async fn declared_shapes_cannot_abort_or_panic_the_server() {
 
 #[tokio::test]
 async fn deep_nesting_is_refused() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let data = format!("{}{}", "[".repeat(200_000), "]".repeat(200_000));
     let body = format!(
@@ -96,6 +98,7 @@ async fn deep_nesting_is_refused() {
 
 #[tokio::test]
 async fn a_large_json_body_costs_a_small_multiple_of_its_size() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     still_serves(&s, "start").await;
     let before = s.peak_rss();
@@ -129,6 +132,7 @@ async fn a_large_json_body_costs_a_small_multiple_of_its_size() {
 
 #[tokio::test]
 async fn an_output_asked_for_twice_is_answered_once() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let request = json!({
         "inputs": good_inputs(),
@@ -144,6 +148,7 @@ async fn an_output_asked_for_twice_is_answered_once() {
 
 #[tokio::test]
 async fn every_error_has_a_kserve_json_body() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     use reqwest::Method;
     let cases = [

@@ -21,6 +21,7 @@ async fn start() -> TestServer {
 
 #[tokio::test]
 async fn health_metadata_and_config() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     assert_eq!(s.get("/v2/health/live").await.0, 200);
     let (status, meta) = s.get("/v2").await;
@@ -50,6 +51,7 @@ async fn health_metadata_and_config() {
 
 #[tokio::test]
 async fn add_sub_json_batches_exactly() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let (a, b) = (ramp(3, 1.5), ramp(3, -0.25));
     let (status, body) = s.infer("add_sub", add_sub_inputs(&a, &b, 3)).await;
@@ -64,6 +66,7 @@ async fn add_sub_json_batches_exactly() {
 
 #[tokio::test]
 async fn binary_request_and_response() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
     let b: Vec<f32> = (0..16).map(|i| 100.0 - i as f32).collect();
@@ -113,6 +116,7 @@ async fn binary_request_and_response() {
 
 #[tokio::test]
 async fn classification_uses_labels() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let x: Vec<f32> = (0..64)
         .map(|i| ((i * 7) % 13) as f32 / 13.0 - 0.5)
@@ -145,6 +149,7 @@ async fn classification_uses_labels() {
 
 #[tokio::test]
 async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let good = add_sub_inputs(&ramp(1, 1.0), &ramp(1, 2.0), 1);
     /// (what, body, Inference-Header-Content-Length, status, text the error must contain)
@@ -217,6 +222,7 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn body_limit_is_enforced() {
+    crate::harness::require_onnx_runtime!();
     let s = TestServer::start(
         &[examples_repo()],
         &["--http-max-input-size", "512"],
@@ -234,6 +240,7 @@ async fn body_limit_is_enforced() {
 
 #[tokio::test]
 async fn stats_count_requests_and_batches() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     for rows in [1usize, 2, 2] {
         let (status, _) = s

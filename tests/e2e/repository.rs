@@ -5,7 +5,8 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::harness::{
-    TestServer, examples_repo, fixtures_repo, ort_library, shared_cache, temp_dir,
+    TestServer, examples_repo, fixtures_repo, require_onnx_runtime, shared_cache, temp_dir,
+    with_ort,
 };
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -80,6 +81,7 @@ fn mixed_repository() -> std::path::PathBuf {
 
 #[tokio::test]
 async fn broken_models_do_not_stop_the_others() {
+    crate::harness::require_onnx_runtime!();
     let repo = mixed_repository();
     let s = TestServer::start(&[repo], &["--strict-readiness=false"], &shared_cache()).await;
     let state = s.state_lookup().await;
@@ -145,6 +147,7 @@ async fn broken_models_do_not_stop_the_others() {
 
 #[tokio::test]
 async fn strict_readiness_reports_broken_models() {
+    crate::harness::require_onnx_runtime!();
     let s = TestServer::start(&[mixed_repository()], &[], &shared_cache()).await;
     assert_eq!(s.get("/v2/health/ready").await.0, 503);
     assert_eq!(s.get("/v2/models/add_sub/ready").await.0, 200);
@@ -152,12 +155,12 @@ async fn strict_readiness_reports_broken_models() {
 
 #[test]
 fn check_command_reports_each_version() {
-    let ok = Command::new(env!("CARGO_BIN_EXE_tessera"))
+    require_onnx_runtime!();
+    let ok = with_ort(&mut Command::new(env!("CARGO_BIN_EXE_tessera")))
         .args(["check", "--model-repository"])
         .arg(examples_repo())
         .arg("--wasm-cache-dir")
         .arg(shared_cache())
-        .env("ORT_DYLIB_PATH", ort_library())
         .output()
         .expect("runs");
     let stdout = String::from_utf8_lossy(&ok.stdout);
@@ -177,10 +180,9 @@ fn check_command_reports_each_version() {
         "{stdout}"
     );
 
-    let bad = Command::new(env!("CARGO_BIN_EXE_tessera"))
+    let bad = with_ort(&mut Command::new(env!("CARGO_BIN_EXE_tessera")))
         .args(["check", "--model-repository"])
         .arg(mixed_repository())
-        .env("ORT_DYLIB_PATH", ort_library())
         .output()
         .expect("runs");
     let stdout = String::from_utf8_lossy(&bad.stdout);
@@ -214,6 +216,7 @@ async fn missing_onnx_runtime_is_reported_not_fatal() {
 
 #[tokio::test]
 async fn strict_model_config_refuses_to_derive() {
+    crate::harness::require_onnx_runtime!();
     let s = TestServer::start(
         &[mixed_repository()],
         &["--strict-model-config=true", "--strict-readiness=false"],
@@ -232,6 +235,7 @@ async fn strict_model_config_refuses_to_derive() {
 
 #[tokio::test]
 async fn reshape_maps_client_dims_to_model_dims() {
+    crate::harness::require_onnx_runtime!();
     let repo = temp_dir("reshape");
     std::fs::create_dir_all(repo.join("grid/1")).expect("mkdir");
     std::fs::copy(
@@ -282,9 +286,8 @@ fn check_under_ulimit(extra: &str) -> std::process::Output {
         fixtures_repo().display(),
         shared_cache().display(),
     );
-    Command::new("sh")
+    with_ort(&mut Command::new("sh"))
         .args(["-c", &command])
-        .env("ORT_DYLIB_PATH", ort_library())
         .output()
         .expect("runs")
 }

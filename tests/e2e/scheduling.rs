@@ -136,6 +136,7 @@ async fn arrival_order(
 
 #[tokio::test]
 async fn dynamic_batching_merges_onnx_requests_exactly() {
+    crate::harness::require_onnx_runtime!();
     let repo = temp_dir("batch-onnx");
     let mlp = examples_repo().join("mlp_classifier");
     let io = std::fs::read_to_string(mlp.join("config.pbtxt")).expect("config");
@@ -219,6 +220,7 @@ async fn dynamic_batching_merges_onnx_requests_exactly() {
 
 #[tokio::test]
 async fn wasm_handlers_infer_calls_share_the_onnx_batcher() {
+    crate::harness::require_onnx_runtime!();
     let repo = temp_dir("batch-bls");
     let examples = examples_repo();
     let io = std::fs::read_to_string(examples.join("add_sub/config.pbtxt"))
@@ -653,6 +655,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 #[tokio::test]
 async fn embedding_ensemble_matches_its_steps_and_ranks_similarity() {
+    crate::harness::require_onnx_runtime!();
     let s = start(examples_repo(), &[]).await;
     let sentences = [
         "A man is eating food.",

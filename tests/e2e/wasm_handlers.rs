@@ -17,6 +17,7 @@ fn pair(a: &[f32], b: &[f32]) -> Value {
 
 #[tokio::test]
 async fn add_sub_wasm_matches_add_sub_onnx() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let a: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
     let b: Vec<f32> = (0..16).map(|i| 3.0 - i as f32).collect();
@@ -94,6 +95,7 @@ async fn postprocess_topk_ranks_labels() {
 
 #[tokio::test]
 async fn bls_branch_takes_each_branch_through_other_models() {
+    crate::harness::require_onnx_runtime!();
     let s = start().await;
     let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
     let b: Vec<f32> = vec![1.0; 16];

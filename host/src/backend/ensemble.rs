@@ -337,3 +337,163 @@ async fn run(
         ..Default::default()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! The planner and the DAG runner against a fake request path: no server, no models.
+
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::signature::{ModelMetadata, TensorSpec};
+
+    /// Models that add 1 to every element of their FP32 input "X" (output "Y"), and record the
+    /// calls they get with the call chain.
+    #[derive(Default)]
+    struct Models {
+        calls: Mutex<Vec<(String, Vec<String>)>>,
+    }
+
+    fn spec(name: &str, datatype: DataType) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            datatype,
+            dims: vec![-1],
+            optional: false,
+        }
+    }
+
+    impl Inference for Models {
+        fn infer<'a>(
+            &'a self,
+            cx: CallContext,
+            model: &'a str,
+            _version: Option<i64>,
+            request: InferRequest,
+        ) -> BoxFuture<'a, InferResult> {
+            self.calls
+                .lock()
+                .expect("calls")
+                .push((model.to_owned(), cx.call_chain.clone()));
+            Box::pin(async move {
+                let x = request
+                    .inputs
+                    .iter()
+                    .find(|t| t.name == "X")
+                    .and_then(Tensor::as_f32_vec)
+                    .ok_or_else(|| InferError::invalid("no X"))?;
+                let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
+                Ok(InferResponse {
+                    outputs: vec![Tensor::from_f32("Y", vec![y.len() as i64], &y)],
+                    ..Default::default()
+                })
+            })
+        }
+
+        fn metadata(
+            &self,
+            _cx: &CallContext,
+            model: &str,
+            _version: Option<i64>,
+        ) -> Result<ModelMetadata, InferError> {
+            let datatype = if model == "ints" {
+                DataType::Int32
+            } else {
+                DataType::Fp32
+            };
+            match model {
+                "inc" | "ints" => Ok(ModelMetadata {
+                    name: model.into(),
+                    versions: vec![1],
+                    platform: "fake".into(),
+                    batched: false,
+                    inputs: vec![spec("X", datatype)],
+                    outputs: vec![spec("Y", datatype)],
+                }),
+                _ => Err(InferError::not_found(format!("no model '{model}'"))),
+            }
+        }
+    }
+
+    /// An ensemble IN → step → ... → OUT; each step is `(model, input tensor, output tensor)`.
+    fn ensemble(steps: &[(&str, &str, &str)]) -> ModelConfig {
+        let steps: String = steps
+            .iter()
+            .map(|(model, input, output)| {
+                format!(
+                    r#"step {{ model_name: "{model}" model_version: -1
+                        input_map {{ key: "X" value: "{input}" }}
+                        output_map {{ key: "Y" value: "{output}" }} }}"#
+                )
+            })
+            .collect();
+        config::parse(
+            &format!(
+                r#"name: "e" platform: "ensemble"
+                   input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+                   output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+                   ensemble_scheduling {{ {steps} }}"#
+            ),
+            "e",
+        )
+        .expect("config")
+    }
+
+    fn plan_error(steps: &[(&str, &str, &str)]) -> String {
+        plan("e", &ensemble(steps), &Models::default())
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn the_planner_checks_the_graph_against_the_models() {
+        assert!(
+            plan(
+                "e",
+                &ensemble(&[("inc", "IN", "A"), ("inc", "A", "OUT")]),
+                &Models::default()
+            )
+            .is_ok()
+        );
+        assert!(plan_error(&[("missing", "IN", "OUT")]).contains("no model 'missing'"));
+        assert!(plan_error(&[("inc", "IN", "A")]).contains("'OUT' is not produced"));
+        assert!(
+            plan_error(&[("inc", "IN", "OUT"), ("inc", "IN", "OUT")]).contains("already produced")
+        );
+        assert!(plan_error(&[("inc", "NOWHERE", "OUT")]).contains("which no ensemble input"));
+        assert!(plan_error(&[("ints", "IN", "OUT")]).contains("expects INT32"));
+        assert!(
+            plan_error(&[("inc", "B", "A"), ("inc", "A", "B"), ("inc", "IN", "OUT")])
+                .contains("cycle")
+        );
+        assert!(plan_error(&[("e", "IN", "OUT")]).contains("the ensemble itself"));
+    }
+
+    #[tokio::test]
+    async fn a_request_flows_through_the_steps_with_the_ensemble_in_the_chain() {
+        let models = Arc::new(Models::default());
+        let plan = plan(
+            "e",
+            &ensemble(&[("inc", "A", "OUT"), ("inc", "IN", "A")]),
+            models.as_ref(),
+        )
+        .expect("plan");
+        let inference: Arc<dyn Inference> = models.clone();
+        let request = InferRequest {
+            inputs: vec![Tensor::from_f32("IN", vec![2], &[1.0, 2.0])],
+            ..Default::default()
+        };
+        let cx = CallContext::root().call_from("caller");
+        let response = run(&plan, &Arc::downgrade(&inference), cx, request)
+            .await
+            .expect("runs");
+        assert_eq!(response.outputs[0].name, "OUT");
+        assert_eq!(response.outputs[0].as_f32_vec(), Some(vec![3.0, 4.0]));
+        let calls = models.calls.lock().expect("calls").clone();
+        assert_eq!(calls.len(), 2);
+        for (model, chain) in calls {
+            assert_eq!(model, "inc");
+            assert_eq!(chain, vec!["caller".to_owned(), "e".to_owned()]);
+        }
+    }
+}

@@ -11,9 +11,11 @@
 mod policy;
 mod queue;
 pub mod rate_limit;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -87,7 +89,7 @@ impl Scheduler {
         if let (Some(deadline), TimeoutAction::Reject) = (deadline, queue_policy.timeout_action) {
             tokio::select! {
                 result = &mut rx => return result.unwrap_or_else(|_| Err(closed())),
-                _ = tokio::time::sleep_until(deadline.into()) => {
+                _ = tokio::time::sleep_until(deadline) => {
                     // Still queued: give up (the batcher will skip it). Already running: the
                     // queue timeout no longer applies; wait for the answer.
                     if claim.cancel() {

@@ -1,7 +1,10 @@
 //! Batching and queueing policy of a model version, read once from its configuration.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (the same as std's unless a test pauses it), so the unit tests can drive time.
+use tokio::time::Instant;
 
 use crate::config::{ModelConfig, pb};
 use crate::infer::InferRequest;

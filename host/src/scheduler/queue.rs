@@ -3,7 +3,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (the same as std's unless a test pauses it), so the unit tests can drive time.
+use tokio::time::Instant;
 
 use tokio::sync::{Notify, oneshot};
 
@@ -186,7 +189,7 @@ const COARSE_TIMER: Duration = Duration::from_millis(2);
 async fn sleep_until(deadline: Instant) {
     let remaining = deadline.saturating_duration_since(Instant::now());
     if remaining >= COARSE_TIMER {
-        tokio::time::sleep_until(deadline.into()).await;
+        tokio::time::sleep_until(deadline).await;
     } else if !remaining.is_zero() {
         // If the batch fills first this future is dropped; the thread finishes its short sleep.
         let _ = tokio::task::spawn_blocking(move || std::thread::sleep(remaining)).await;
