@@ -1,12 +1,14 @@
 //! Tessera: a KServe v2 inference server for Triton model repositories, with WebAssembly handlers
 //! in place of Triton's Python backend.
 //!
-//! The request path, top to bottom:
-//! [`protocol`] decodes a request → [`server::Server::infer`] finds the model version in the
-//! [`repository`] → [`model::ModelVersion::infer`] checks it against the [`config`] → the
-//! [`scheduler`] queues and batches it → a [`backend`] instance executes the batch → the response
-//! travels back the same way. Ensemble steps and Wasm handlers' `infer` calls enter at
-//! `Server::infer` too, so every request of a model shares one queue and one batcher.
+//! The request path, top to bottom (docs/architecture.md has the layers and the decisions):
+//! [`protocol`] decodes a request and makes its [`infer::CallContext`] →
+//! [`server::Server::infer`] checks BLS cycles, depth and admission, and finds the model version
+//! in the [`repository`]'s table → [`model::ModelVersion::infer`] checks it against the
+//! [`config`] → the [`scheduler`] queues and batches it → a [`backend`] instance executes the
+//! batch → outputs are checked and shaped, and the response travels back the same way.
+//! Ensemble steps and Wasm handlers' `infer` calls enter at `Server::infer` too, through the
+//! [`infer::Inference`] trait, so every request of a model shares one queue and one batcher.
 
 pub mod backend;
 pub mod limits;
