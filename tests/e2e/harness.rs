@@ -79,7 +79,7 @@ impl TestServer {
     /// Starts tessera on `repos` with extra flags, and waits until it answers.
     pub async fn start(repos: &[PathBuf], extra: &[&str], cache: &Path) -> TestServer {
         let (port, spare_port) = free_ports();
-        let log = std::env::temp_dir().join(format!("tessera-e2e-{port}.log"));
+        let log = scratch().join(format!("server-{port}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
         for r in repos {
@@ -292,22 +292,37 @@ impl Drop for TestServer {
     }
 }
 
-/// One compiled-code cache for the whole test run, so each server does not recompile every
-/// guest (tests of the cache itself use their own directory).
+/// One compiled-code cache for every test run (under cargo's target directory, so it persists and
+/// a second run does not recompile; tests of the cache itself use their own directory).
 pub fn shared_cache() -> PathBuf {
-    static CACHE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    CACHE.get_or_init(|| temp_dir("shared-cache")).clone()
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-wasm-cache")
 }
 
-/// A fresh temporary directory (removed by the OS eventually; names are unique per call).
+/// Where this test process keeps its files (server logs, temporary repositories): a directory
+/// under cargo's target directory, removed when the process exits, so a run leaves nothing in
+/// the system's temporary directory.
+fn scratch() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    extern "C" fn remove_scratch() {
+        if let Some(dir) = DIR.get() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    DIR.get_or_init(|| {
+        let dir =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        // SAFETY: registers a plain function without captures; it runs once, at exit.
+        unsafe { libc::atexit(remove_scratch) };
+        dir
+    })
+}
+
+/// A fresh directory in this process's scratch space (names are unique per call).
 pub fn temp_dir(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tessera-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
+    let dir = scratch().join(format!("{tag}-{}", N.fetch_add(1, Ordering::Relaxed)));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir

@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import subprocess
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -196,3 +197,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if failed or exitstatus not in (0, 5):
         terminalreporter.write_sep("=", f"tessera stderr (last {STDERR_TAIL_LINES} lines, {_SERVER_LOG})")
         terminalreporter.write_line(_tail(_SERVER_LOG))
+    else:
+        # Nothing to look at: leave nothing behind. A failed run keeps its log for inspection.
+        shutil.rmtree(_SERVER_LOG.parent, ignore_errors=True)
