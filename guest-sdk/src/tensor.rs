@@ -2,112 +2,13 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::str::FromStr;
 
 use crate::Error;
 
-/// The KServe v2 tensor datatypes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DataType {
-    /// `BOOL`: one byte per element, 0 or 1.
-    Bool,
-    /// `UINT8`
-    Uint8,
-    /// `UINT16`
-    Uint16,
-    /// `UINT32`
-    Uint32,
-    /// `UINT64`
-    Uint64,
-    /// `INT8`
-    Int8,
-    /// `INT16`
-    Int16,
-    /// `INT32`
-    Int32,
-    /// `INT64`
-    Int64,
-    /// `FP16`: IEEE 754 half precision bit patterns.
-    Fp16,
-    /// `FP32`
-    Fp32,
-    /// `FP64`
-    Fp64,
-    /// `BYTES`: variable-length byte strings (`TYPE_STRING` in `config.pbtxt`).
-    Bytes,
-}
-
-impl DataType {
-    /// Every datatype, in WIT order.
-    pub const ALL: [DataType; 13] = [
-        DataType::Bool,
-        DataType::Uint8,
-        DataType::Uint16,
-        DataType::Uint32,
-        DataType::Uint64,
-        DataType::Int8,
-        DataType::Int16,
-        DataType::Int32,
-        DataType::Int64,
-        DataType::Fp16,
-        DataType::Fp32,
-        DataType::Fp64,
-        DataType::Bytes,
-    ];
-
-    /// The KServe v2 wire name, e.g. `"FP32"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DataType::Bool => "BOOL",
-            DataType::Uint8 => "UINT8",
-            DataType::Uint16 => "UINT16",
-            DataType::Uint32 => "UINT32",
-            DataType::Uint64 => "UINT64",
-            DataType::Int8 => "INT8",
-            DataType::Int16 => "INT16",
-            DataType::Int32 => "INT32",
-            DataType::Int64 => "INT64",
-            DataType::Fp16 => "FP16",
-            DataType::Fp32 => "FP32",
-            DataType::Fp64 => "FP64",
-            DataType::Bytes => "BYTES",
-        }
-    }
-
-    /// Bytes per element, or `None` for [`DataType::Bytes`], whose elements vary in length.
-    pub fn element_size(self) -> Option<usize> {
-        match self {
-            DataType::Bool | DataType::Uint8 | DataType::Int8 => Some(1),
-            DataType::Uint16 | DataType::Int16 | DataType::Fp16 => Some(2),
-            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => Some(4),
-            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => Some(8),
-            DataType::Bytes => None,
-        }
-    }
-}
-
-impl fmt::Display for DataType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DataType {
-    type Err = Error;
-
-    /// Parses a KServe wire name (`"FP32"`) or a `config.pbtxt` name (`"TYPE_FP32"`,
-    /// `"TYPE_STRING"`).
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let name = s.strip_prefix("TYPE_").unwrap_or(s);
-        if name == "STRING" {
-            return Ok(DataType::Bytes);
-        }
-        DataType::ALL
-            .into_iter()
-            .find(|d| d.as_str() == name)
-            .ok_or_else(|| Error::invalid_input(format!("unknown datatype '{s}'")))
-    }
-}
+/// The KServe v2 tensor datatypes: the one definition shared with the host (`tessera-abi`).
+/// `name()` is the wire name (`"FP32"`), `size()` the bytes per element (`None` for `BYTES`),
+/// and `parse()` accepts wire and `config.pbtxt` names (`"TYPE_FP32"`, `"TYPE_STRING"`).
+pub use tessera_abi::DataType;
 
 mod sealed {
     pub trait Sealed {}
@@ -440,7 +341,7 @@ impl Tensor {
         }
         let count = tessera_abi::element_count(&self.shape)
             .map_err(|e| self.error(format_args!("has an invalid shape {:?}: {e}", self.shape)))?;
-        match (&self.data, self.datatype.element_size()) {
+        match (&self.data, self.datatype.size()) {
             (TensorData::Raw(bytes), Some(size)) => {
                 let needed = count.checked_mul(size).ok_or_else(|| {
                     self.error(format_args!(
@@ -685,7 +586,7 @@ mod tests {
     #[test]
     fn datatype_names() {
         for d in DataType::ALL {
-            assert_eq!(d.as_str().parse::<DataType>().unwrap(), d);
+            assert_eq!(d.name().parse::<DataType>().unwrap(), d);
         }
         assert_eq!("TYPE_STRING".parse::<DataType>().unwrap(), DataType::Bytes);
         assert_eq!("TYPE_FP32".parse::<DataType>().unwrap(), DataType::Fp32);

@@ -110,6 +110,31 @@ impl fmt::Display for DataType {
     }
 }
 
+/// A name that is neither a wire nor a config datatype name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownDataType(pub String);
+
+impl fmt::Display for UnknownDataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown datatype '{}'", self.0)
+    }
+}
+
+impl std::error::Error for UnknownDataType {}
+
+impl std::str::FromStr for DataType {
+    type Err = UnknownDataType;
+
+    /// Parses a wire name (`"FP32"`) or a config name (`"TYPE_FP32"`, `"TYPE_STRING"`), for code
+    /// that reads either (a guest reading its configuration). Protocol decoders that must accept
+    /// only wire names use [`DataType::from_name`].
+    fn from_str(s: &str) -> Result<Self, UnknownDataType> {
+        DataType::from_name(s)
+            .or_else(|| DataType::from_config_name(s))
+            .ok_or_else(|| UnknownDataType(s.to_owned()))
+    }
+}
+
 /// Why a shape or size is unusable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SizeError {
@@ -180,6 +205,41 @@ mod tests {
         }
         assert_eq!(DataType::from_name("TYPE_FP32"), None);
         assert_eq!(DataType::from_config_name("FP32"), None);
+    }
+
+    #[test]
+    fn either_name_parses() {
+        assert_eq!("FP32".parse::<DataType>(), Ok(DataType::Fp32));
+        assert_eq!("TYPE_STRING".parse::<DataType>(), Ok(DataType::Bytes));
+        assert_eq!(
+            "STRING".parse::<DataType>(),
+            Err(UnknownDataType("STRING".into()))
+        );
+    }
+
+    /// The WIT (`wit/tessera.wit`) is the contract; this crate must list the same datatypes, in
+    /// the same order, under the same names.
+    #[test]
+    fn the_datatypes_agree_with_the_wit() {
+        let wit = include_str!("../../../wit/tessera.wit");
+        let start = wit
+            .find("enum datatype {")
+            .expect("the WIT declares enum datatype");
+        let body = &wit[start..];
+        let body = &body[..body.find('}').expect("the enum closes")];
+        let cases: Vec<String> = body
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .map(|l| {
+                l.trim_end_matches(',')
+                    .trim_start_matches('%')
+                    .to_uppercase()
+            })
+            .collect();
+        let ours: Vec<&str> = DataType::ALL.iter().map(|d| d.name()).collect();
+        assert_eq!(cases, ours);
     }
 
     #[test]
