@@ -4,10 +4,11 @@
 
 use libfuzzer_sys::fuzz_target;
 use tessera_core::kserve::{decode_bytes_elements, encode_bytes_elements};
+use tessera_core::tensor::Bytes;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(items) = decode_bytes_elements(data) {
-        let encoded = encode_bytes_elements(&items);
+    if let Ok(items) = decode_bytes_elements(&Bytes::copy_from_slice(data)) {
+        let encoded = Bytes::from(encode_bytes_elements(&items));
         assert_eq!(encoded, data);
         assert_eq!(decode_bytes_elements(&encoded), Ok(items));
     }

@@ -4,15 +4,19 @@
 
 use libfuzzer_sys::fuzz_target;
 use tessera_core::kserve::decode_request;
+use tessera_core::tensor::Bytes;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
     let result = if mode & 1 == 0 {
-        decode_request(rest, None)
+        decode_request(&Bytes::copy_from_slice(rest), None)
     } else if let Some((len, body)) = rest.split_first_chunk::<2>() {
-        decode_request(body, Some(usize::from(u16::from_le_bytes(*len))))
+        decode_request(
+            &Bytes::copy_from_slice(body),
+            Some(usize::from(u16::from_le_bytes(*len))),
+        )
     } else {
         return;
     };

@@ -300,7 +300,7 @@ pub fn classify(
                 Some(label) => format!("{score}:{index}:{label}"),
                 None => format!("{score}:{index}"),
             };
-            elements.push(entry.into_bytes());
+            elements.push(entry.into_bytes().into());
         }
     }
     let shape = if batched {
@@ -329,8 +329,8 @@ mod tests {
         let TensorData::Elements(e) = out.data else {
             panic!("bytes")
         };
-        assert_eq!(e[0], b"0.7:1:b");
-        assert_eq!(e[1], b"0.2:2:c");
-        assert_eq!(e[2], b"0.5:0:a");
+        assert_eq!(&e[0][..], b"0.7:1:b");
+        assert_eq!(&e[1][..], b"0.2:2:c");
+        assert_eq!(&e[2][..], b"0.5:0:a");
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::config::{datatype_from_config, pb};
 use crate::infer::{CallContext, InferError, InferRequest};
 use crate::model::ModelVersion;
-use crate::tensor::{DataType, Tensor, TensorData, element_count};
+use crate::tensor::{Bytes, DataType, Tensor, TensorData, element_count};
 
 /// Builds the request of one warmup entry. `model_dir` holds `warmup/<input_data_file>`.
 fn request(
@@ -46,7 +46,7 @@ fn request(
                 let bytes = std::fs::read(&path)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
                 match datatype.size() {
-                    Some(_) => TensorData::Raw(bytes),
+                    Some(_) => TensorData::Raw(bytes.into()),
                     None if count.saturating_mul(bytes.len()) > MAX_WARMUP_INPUT_BYTES => {
                         return Err(format!(
                             "warmup '{}' input '{name}': {count} copies of {} would exceed {MAX_WARMUP_INPUT_BYTES} bytes",
@@ -54,7 +54,8 @@ fn request(
                             path.display()
                         ));
                     }
-                    None => TensorData::Elements(vec![bytes; count]),
+                    // Every element shares the file's one buffer.
+                    None => TensorData::Elements(vec![Bytes::from(bytes); count]),
                 }
             }
             Some(InputDataType::RandomData(true)) => filler(datatype, count, true),
@@ -87,9 +88,9 @@ fn filler(datatype: DataType, count: usize, random: bool) -> TensorData {
             (0..count)
                 .map(|_| {
                     if random {
-                        vec![b'a' + next() % 26; 8]
+                        Bytes::from(vec![b'a' + next() % 26; 8])
                     } else {
-                        Vec::new()
+                        Bytes::new()
                     }
                 })
                 .collect(),
@@ -103,7 +104,8 @@ fn filler(datatype: DataType, count: usize, random: bool) -> TensorData {
                         0
                     }
                 })
-                .collect(),
+                .collect::<Vec<u8>>()
+                .into(),
         ),
     }
 }

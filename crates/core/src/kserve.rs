@@ -13,12 +13,13 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::infer::{InferError, InferRequest, InferResponse, ParamValue, RequestedOutput};
-use crate::tensor::{DataType, Tensor, TensorData, element_count};
+use crate::tensor::{Bytes, DataType, Tensor, TensorData, element_count};
 
 // Decoding never builds a generic `serde_json::Value` tree: each input's `data` is kept as the raw
 // JSON text it occupies in the body (borrowed, not copied) until its datatype is known, then
 // streamed straight into a typed little-endian buffer. Peak memory stays a small multiple of the
-// body (at most 8 bytes per element, and every element takes at least 2 bytes of JSON), and no
+// body (at most 8 bytes per number, each at least 2 bytes of JSON; a 32-byte handle plus the text
+// per BYTES element, each at least 3 bytes of JSON), and no
 // allocation is ever sized from a declared shape.
 
 #[derive(Deserialize)]
@@ -138,8 +139,9 @@ fn param_bool(params: Option<&Parameters>, key: &str) -> Result<bool, InferError
 }
 
 /// Decodes a request body. `header_length` is the `Inference-Header-Content-Length` header.
+/// Binary tensor data stays in `body`: each binary input is a slice of it, not a copy.
 pub fn decode_request(
-    body: &[u8],
+    body: &Bytes,
     header_length: Option<usize>,
 ) -> Result<InferRequest, InferError> {
     let (json, mut binary) = match header_length {
@@ -149,8 +151,8 @@ pub fn decode_request(
                 body.len()
             )));
         }
-        Some(n) => body.split_at(n),
-        None => (body, &[][..]),
+        Some(n) => (&body[..n], body.slice(n..)),
+        None => (&body[..], Bytes::new()),
     };
     let parsed: RequestJson = serde_json::from_slice(json)
         .map_err(|e| InferError::invalid(format!("failed to parse the request JSON: {e}")))?;
@@ -190,8 +192,7 @@ pub fn decode_request(
                         binary.len()
                     )));
                 }
-                let (mine, rest) = binary.split_at(size);
-                binary = rest;
+                let mine = binary.split_to(size);
                 decode_binary(&input.name, datatype, mine)?
             }
             None => {
@@ -240,40 +241,40 @@ pub fn decode_request(
 
 /// Binary tensor data: raw little-endian elements, or for BYTES 4-byte little-endian lengths
 /// each followed by that many bytes.
-fn decode_binary(name: &str, datatype: DataType, bytes: &[u8]) -> Result<TensorData, InferError> {
+fn decode_binary(name: &str, datatype: DataType, bytes: Bytes) -> Result<TensorData, InferError> {
     if datatype != DataType::Bytes {
-        return Ok(TensorData::Raw(bytes.to_vec()));
+        return Ok(TensorData::Raw(bytes));
     }
-    decode_bytes_elements(bytes)
+    decode_bytes_elements(&bytes)
         .map(TensorData::Elements)
         .map_err(|e| InferError::invalid(format!("input '{name}': {e}")))
 }
 
 /// Splits the binary layout of a BYTES tensor (each element a 4-byte little-endian length, then
-/// that many bytes) into its elements.
-pub fn decode_bytes_elements(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+/// that many bytes) into its elements, each a slice of `bytes`.
+pub fn decode_bytes_elements(bytes: &Bytes) -> Result<Vec<Bytes>, String> {
     let mut items = Vec::new();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let Some((len, tail)) = rest.split_first_chunk::<4>() else {
+    let mut at = 0;
+    while at < bytes.len() {
+        let Some(len) = bytes.get(at..at + 4) else {
             return Err("truncated BYTES element length".into());
         };
-        let len = u32::from_le_bytes(*len) as usize;
-        if len > tail.len() {
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let start = at + 4;
+        let left = bytes.len() - start;
+        if len > left {
             return Err(format!(
-                "BYTES element of {len} bytes exceeds the {} bytes left",
-                tail.len()
+                "BYTES element of {len} bytes exceeds the {left} bytes left"
             ));
         }
-        let (item, tail) = tail.split_at(len);
-        items.push(item.to_vec());
-        rest = tail;
+        items.push(bytes.slice(start..start + len));
+        at = start + len;
     }
     Ok(items)
 }
 
 /// Encodes BYTES elements in the binary layout that [`decode_bytes_elements`] reads.
-pub fn encode_bytes_elements(items: &[Vec<u8>]) -> Vec<u8> {
+pub fn encode_bytes_elements(items: &[Bytes]) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         items
             .iter()
@@ -296,7 +297,7 @@ struct ElementSink<'n> {
     expected: usize,
     seen: usize,
     raw: Vec<u8>,
-    elements: Vec<Vec<u8>>,
+    elements: Vec<Bytes>,
 }
 
 impl ElementSink<'_> {
@@ -370,7 +371,7 @@ impl ElementSink<'_> {
     fn push_str<E: de::Error>(&mut self, v: &str) -> Result<(), E> {
         self.admit()?;
         match self.datatype {
-            DataType::Bytes => self.elements.push(v.as_bytes().to_vec()),
+            DataType::Bytes => self.elements.push(Bytes::copy_from_slice(v.as_bytes())),
             _ => return Err(self.bad(format_args!("\"{}\"", v.escape_default()))),
         }
         Ok(())
@@ -426,14 +427,23 @@ fn decode_json_data(
     data: &RawValue,
     count: usize,
 ) -> Result<TensorData, InferError> {
-    // Every element takes a few bytes of JSON at least (`1,`, `"",`, `true,`), so this bounds the
-    // buffer by the body, never by the declared shape.
+    // Every element takes a few bytes of JSON at least (`1,`, `"",`, `true,`): a declared count
+    // the body cannot hold is refused at once, and the buffers are never larger than the body
+    // could fill.
     let shortest_element = match datatype {
         DataType::Bool => 5,
         DataType::Bytes => 3,
         _ => 2,
     };
-    let room = count.min(data.get().len() / shortest_element + 1);
+    let most = data.get().len() / shortest_element + 1;
+    if count > most {
+        // Refused before parsing: this much JSON cannot hold that many elements.
+        return Err(InferError::invalid(format!(
+            "input '{name}': shape holds {count} elements but 'data' ({} bytes of JSON) cannot hold more than {most}",
+            data.get().len()
+        )));
+    }
+    let room = count;
     let mut sink = ElementSink {
         name,
         datatype,
@@ -454,7 +464,7 @@ fn decode_json_data(
     }
     Ok(match datatype {
         DataType::Bytes => TensorData::Elements(sink.elements),
-        _ => TensorData::Raw(sink.raw),
+        _ => TensorData::Raw(sink.raw.into()),
     })
 }
 
@@ -476,7 +486,7 @@ impl serde::Serialize for JsonData<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let tensor = self.0;
         let raw = match &tensor.data {
-            TensorData::Raw(b) => b.as_slice(),
+            TensorData::Raw(b) => &b[..],
             TensorData::Elements(items) => {
                 let mut seq = s.serialize_seq(Some(items.len()))?;
                 for item in items {
@@ -533,7 +543,7 @@ impl serde::Serialize for JsonData<'_> {
 /// Bytes of a tensor in the binary extension's layout.
 fn binary_payload(tensor: &Tensor) -> Vec<u8> {
     match &tensor.data {
-        TensorData::Raw(b) => b.clone(),
+        TensorData::Raw(b) => b.to_vec(),
         TensorData::Elements(items) => encode_bytes_elements(items),
     }
 }
@@ -654,11 +664,15 @@ pub fn encode_response(
 mod tests {
     use super::*;
 
+    fn decode(body: &[u8], header_length: Option<usize>) -> Result<InferRequest, InferError> {
+        decode_request(&Bytes::copy_from_slice(body), header_length)
+    }
+
     #[test]
     fn nested_json_data_is_flattened() {
         let body =
             br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,4]]}]}"#;
-        let r = decode_request(body, None).expect("decodes");
+        let r = decode(body, None).expect("decodes");
         assert_eq!(r.inputs[0].to_f64_vec(), Some(vec![1.0, 2.0, 3.0, 4.0]));
     }
 
@@ -669,24 +683,24 @@ mod tests {
         body.extend_from_slice(&3u32.to_le_bytes());
         body.extend_from_slice(b"abc");
         body.extend_from_slice(&0u32.to_le_bytes());
-        let r = decode_request(&body, Some(header.len())).expect("decodes");
+        let r = decode(&body, Some(header.len())).expect("decodes");
         assert_eq!(
             r.inputs[0].data,
-            TensorData::Elements(vec![b"abc".to_vec(), Vec::new()])
+            TensorData::Elements(vec![Bytes::from_static(b"abc"), Bytes::new()])
         );
     }
 
     #[test]
     fn truncated_and_mismatched_bodies_are_rejected() {
-        assert!(decode_request(b"{}", Some(10)).is_err());
-        let e = decode_request(
+        assert!(decode(b"{}", Some(10)).is_err());
+        let e = decode(
             br#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#,
             None,
         )
         .expect_err("count mismatch");
         assert!(e.message.contains("3 elements"));
         assert!(
-            decode_request(
+            decode(
                 br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]}"#,
                 None
             )
@@ -698,7 +712,7 @@ mod tests {
     fn a_huge_declared_shape_is_refused_without_allocating_from_it() {
         // ~10^12 elements with one element of data: the decoder used to reserve 8 TB for it and
         // abort the process.
-        let e = decode_request(
+        let e = decode(
             br#"{"inputs":[{"name":"x","shape":[1000000,1000000],"datatype":"FP64","data":[1]}]}"#,
             None,
         )
@@ -717,7 +731,7 @@ mod tests {
             let body = format!(
                 r#"{{"inputs":[{{"name":"x","shape":{shape},"datatype":"FP32","data":[1]}}]}}"#
             );
-            let e = decode_request(body.as_bytes(), None).expect_err("refused");
+            let e = decode(body.as_bytes(), None).expect_err("refused");
             assert_eq!(
                 e.kind,
                 crate::infer::ErrorKind::InvalidArgument,
@@ -731,13 +745,35 @@ mod tests {
     fn a_binary_shape_whose_byte_size_wraps_is_refused() {
         // [2^62] FP32 "needs" 2^64 = 0 bytes with wrapping arithmetic: an empty payload passed.
         let header = br#"{"inputs":[{"name":"x","shape":[4611686018427387904],"datatype":"FP32","parameters":{"binary_data_size":0}}]}"#;
-        let e = decode_request(header, Some(header.len())).expect_err("refused");
+        let e = decode(header, Some(header.len())).expect_err("refused");
         assert!(e.message.contains("overflows"), "{}", e.message);
     }
 
     #[test]
+    fn binary_inputs_are_slices_of_the_body_not_copies() {
+        let header = br#"{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}},{"name":"s","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":7}}]}"#;
+        let mut body = header.to_vec();
+        body.extend_from_slice(&1.5f32.to_le_bytes());
+        body.extend_from_slice(&2.5f32.to_le_bytes());
+        body.extend_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(b"abc");
+        let body = Bytes::from(body);
+        let r = decode_request(&body, Some(header.len())).expect("decodes");
+        let inside = |b: &Bytes| body.as_ptr_range().contains(&b.as_ptr());
+        let TensorData::Raw(x) = &r.inputs[0].data else {
+            panic!("raw")
+        };
+        assert!(inside(x), "the FP32 payload points into the body");
+        let TensorData::Elements(s) = &r.inputs[1].data else {
+            panic!("elements")
+        };
+        assert_eq!(&s[0][..], b"abc");
+        assert!(inside(&s[0]), "the BYTES element points into the body");
+    }
+
+    #[test]
     fn too_many_elements_stop_the_decoder() {
-        let e = decode_request(
+        let e = decode(
             br#"{"inputs":[{"name":"x","shape":[2],"datatype":"INT32","data":[1,2,3,4,5]}]}"#,
             None,
         )
@@ -787,11 +823,11 @@ mod tests {
             let body = format!(
                 r#"{{"inputs":[{{"name":"x","shape":[2],"datatype":"{datatype}","data":{data}}}]}}"#
             );
-            let r = decode_request(body.as_bytes(), None)
+            let r = decode(body.as_bytes(), None)
                 .unwrap_or_else(|e| panic!("{datatype}: {}", e.message));
-            assert_eq!(r.inputs[0].data, TensorData::Raw(want), "{datatype}");
+            assert_eq!(r.inputs[0].data, TensorData::Raw(want.into()), "{datatype}");
         }
-        let r = decode_request(
+        let r = decode(
             r#"{"inputs":[{"name":"s","shape":[2],"datatype":"BYTES","data":["a\u00e9","한"]}]}"#
                 .as_bytes(),
             None,
@@ -799,7 +835,7 @@ mod tests {
         .expect("decodes");
         assert_eq!(
             r.inputs[0].data,
-            TensorData::Elements(vec!["aé".as_bytes().to_vec(), "한".as_bytes().to_vec()])
+            TensorData::Elements(vec![Bytes::from("aé"), Bytes::from("한")])
         );
         for (datatype, data) in [
             ("BOOL", "[1]"),
@@ -812,7 +848,7 @@ mod tests {
             let body = format!(
                 r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"{datatype}","data":{data}}}]}}"#
             );
-            let e = decode_request(body.as_bytes(), None).expect_err(datatype);
+            let e = decode(body.as_bytes(), None).expect_err(datatype);
             assert!(
                 e.message.contains("not a valid"),
                 "{datatype}: {}",
@@ -823,7 +859,7 @@ mod tests {
 
     #[test]
     fn parameters_must_be_scalars() {
-        let r = decode_request(
+        let r = decode(
             br#"{"parameters":{"a":true,"b":-3,"c":1.5,"d":"s","priority":2},"inputs":[]}"#,
             None,
         )
@@ -835,7 +871,7 @@ mod tests {
             r#"{"parameters":{"a":[1]},"inputs":[]}"#,
             r#"{"parameters":{"a":{"b":1}},"inputs":[]}"#,
         ] {
-            let e = decode_request(bad.as_bytes(), None).expect_err("refused");
+            let e = decode(bad.as_bytes(), None).expect_err("refused");
             assert!(e.message.contains("parameter value"), "{}", e.message);
         }
     }
@@ -846,16 +882,20 @@ mod tests {
         data.push_str(&"]".repeat(100_000));
         let body =
             format!(r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"FP32","data":{data}}}]}}"#);
-        assert!(decode_request(body.as_bytes(), None).is_err());
+        assert!(decode(body.as_bytes(), None).is_err());
     }
 
     #[test]
     fn bytes_elements_round_trip() {
-        let items = vec![b"abc".to_vec(), Vec::new(), vec![0xff; 300]];
-        let encoded = encode_bytes_elements(&items);
+        let items = vec![
+            Bytes::from_static(b"abc"),
+            Bytes::new(),
+            Bytes::from(vec![0xff; 300]),
+        ];
+        let encoded = Bytes::from(encode_bytes_elements(&items));
         assert_eq!(decode_bytes_elements(&encoded), Ok(items));
-        assert!(decode_bytes_elements(&[1, 0, 0]).is_err());
-        assert!(decode_bytes_elements(&[5, 0, 0, 0, b'a']).is_err());
+        assert!(decode_bytes_elements(&Bytes::from_static(&[1, 0, 0])).is_err());
+        assert!(decode_bytes_elements(&Bytes::from_static(&[5, 0, 0, 0, b'a'])).is_err());
     }
 
     #[test]

@@ -3,7 +3,12 @@
 //! Fixed-size datatypes keep their elements as little-endian bytes, exactly as the KServe v2 binary
 //! extension, ONNX Runtime and the Wasm guests want them, so a tensor crosses the server without
 //! per-element conversion. `BYTES` tensors keep one byte string per element.
+//!
+//! Payloads are reference-counted [`Bytes`]: a binary input is a slice of the request body, an
+//! ensemble step's input shares its producer's output, and a batch's output is split per request
+//! by slicing, none of them copied.
 
+pub use bytes::Bytes;
 pub use tessera_abi::{
     BYTES_ELEMENT_OVERHEAD, DataType, SizeError, byte_size, element_count, shape_byte_size,
 };
@@ -12,9 +17,9 @@ pub use tessera_abi::{
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorData {
     /// Fixed-size elements as little-endian bytes.
-    Raw(Vec<u8>),
+    Raw(Bytes),
     /// `BYTES` elements.
-    Elements(Vec<Vec<u8>>),
+    Elements(Vec<Bytes>),
 }
 
 /// A named tensor.
@@ -93,7 +98,7 @@ impl Tensor {
     pub fn byte_size(&self) -> usize {
         match &self.data {
             TensorData::Raw(b) => b.len(),
-            TensorData::Elements(items) => items.iter().map(Vec::len).sum(),
+            TensorData::Elements(items) => items.iter().map(Bytes::len).sum(),
         }
     }
 
@@ -130,8 +135,8 @@ impl Tensor {
 
     /// Builds an FP32 tensor (used by tests and examples of the API).
     pub fn from_f32(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new(name, DataType::Fp32, shape, TensorData::Raw(bytes))
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::new(name, DataType::Fp32, shape, TensorData::Raw(bytes.into()))
     }
 
     /// The elements as `f32` if this is an FP32 tensor.
@@ -171,7 +176,7 @@ mod tests {
             "x",
             DataType::Fp32,
             vec![1 << 62],
-            TensorData::Raw(Vec::new()),
+            TensorData::Raw(Bytes::new()),
         );
         let e = t.check_consistent().unwrap_err();
         assert!(e.contains("overflows"), "{e}");
@@ -179,7 +184,7 @@ mod tests {
             "x",
             DataType::Int64,
             vec![1 << 31, 1 << 31, 4],
-            TensorData::Raw(Vec::new()),
+            TensorData::Raw(Bytes::new()),
         );
         assert!(t.check_consistent().is_err());
     }

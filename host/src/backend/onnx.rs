@@ -449,16 +449,15 @@ fn merge(
         first.data.clone()
     } else {
         match &first.data {
-            TensorData::Raw(_) => TensorData::Raw(
-                parts
-                    .iter()
-                    .flat_map(|t| match &t.data {
-                        TensorData::Raw(b) => b.as_slice(),
-                        TensorData::Elements(_) => &[],
-                    })
-                    .copied()
-                    .collect(),
-            ),
+            TensorData::Raw(_) => {
+                let mut joined = Vec::with_capacity(parts.iter().map(|t| t.byte_size()).sum());
+                for part in &parts {
+                    if let TensorData::Raw(b) = &part.data {
+                        joined.extend_from_slice(b);
+                    }
+                }
+                TensorData::Raw(joined.into())
+            }
             TensorData::Elements(_) => TensorData::Elements(
                 parts
                     .iter()
@@ -517,21 +516,36 @@ fn split(
     let mut start = 0;
     match &tensor.data {
         TensorData::Raw(bytes) => {
+            // Each request's rows are a slice of the batch's output: shared, not copied.
             let row_bytes = per_row * tensor.datatype.size().unwrap_or(1);
             for &r in rows {
-                let chunk = bytes[start * row_bytes..(start + r) * row_bytes].to_vec();
+                let range = start * row_bytes..(start + r) * row_bytes;
+                if range.end > bytes.len() {
+                    return Err(InferError::internal(format!(
+                        "output '{}' holds fewer bytes than its shape",
+                        tensor.name
+                    )));
+                }
                 out.push(Tensor::new(
                     tensor.name.clone(),
                     tensor.datatype,
                     shape_of(r),
-                    TensorData::Raw(chunk),
+                    TensorData::Raw(bytes.slice(range)),
                 ));
                 start += r;
             }
         }
         TensorData::Elements(items) => {
             for &r in rows {
-                let chunk = items[start * per_row..(start + r) * per_row].to_vec();
+                let chunk = items
+                    .get(start * per_row..(start + r) * per_row)
+                    .ok_or_else(|| {
+                        InferError::internal(format!(
+                            "output '{}' holds fewer elements than its shape",
+                            tensor.name
+                        ))
+                    })?
+                    .to_vec();
                 out.push(Tensor::new(
                     tensor.name.clone(),
                     tensor.datatype,
@@ -578,7 +592,7 @@ fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
                 (TensorData::Elements(items), DataType::Bytes) => {
                     let strings = items
                         .iter()
-                        .map(|e| String::from_utf8(e.clone()))
+                        .map(|e| String::from_utf8(e.to_vec()))
                         .collect::<Result<Vec<String>, _>>()
                         .map_err(|_| InferError::invalid(format!("input '{}': ONNX string tensors must be UTF-8", tensor.name)))?;
                     OrtTensor::from_string_array((shape, strings.as_slice())).map(|t| t.into_dyn()).map_err(ort_err)
@@ -606,15 +620,15 @@ fn from_ort(name: &str, value: &DynValue) -> Result<Tensor, InferError> {
                 $(t if datatype_of(t) == Some(DataType::$dt) => {
                     let (shape, data) = value.try_extract_tensor::<$t>().map_err(err)?;
                     let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    Ok(Tensor::new(name, DataType::$dt, shape.to_vec(), TensorData::Raw(bytes)))
+                    Ok(Tensor::new(name, DataType::$dt, shape.to_vec(), TensorData::Raw(bytes.into())))
                 })*
                 TensorElementType::Bool => {
                     let (shape, data) = value.try_extract_tensor::<bool>().map_err(err)?;
-                    Ok(Tensor::new(name, DataType::Bool, shape.to_vec(), TensorData::Raw(data.iter().map(|&b| u8::from(b)).collect())))
+                    Ok(Tensor::new(name, DataType::Bool, shape.to_vec(), TensorData::Raw(data.iter().map(|&b| u8::from(b)).collect::<Vec<u8>>().into())))
                 }
                 TensorElementType::String => {
                     let (shape, data) = value.try_extract_strings().map_err(err)?;
-                    Ok(Tensor::new(name, DataType::Bytes, shape.to_vec(), TensorData::Elements(data.into_iter().map(String::into_bytes).collect())))
+                    Ok(Tensor::new(name, DataType::Bytes, shape.to_vec(), TensorData::Elements(data.into_iter().map(|s| s.into_bytes().into()).collect())))
                 }
                 other => Err(InferError::internal(format!("output '{name}' has element type {other:?}, which tessera does not serve"))),
             }

@@ -7,7 +7,7 @@ use crate::infer::{
     ErrorKind, InferError, InferRequest, InferResponse, InferResult, ParamValue, RequestedOutput,
 };
 use crate::signature::{ModelMetadata, TensorSpec};
-use crate::tensor::{DataType, Tensor, TensorData};
+use crate::tensor::{Bytes, DataType, Tensor, TensorData};
 
 fn datatype_to_wit(d: DataType) -> wit::Datatype {
     match d {
@@ -45,14 +45,18 @@ fn datatype_from_wit(d: wit::Datatype) -> DataType {
     }
 }
 
-fn tensor_to_wit(t: &Tensor) -> wit::Tensor {
+/// A tensor for a guest. Owned, so a payload nobody else holds moves into the WIT value without
+/// a copy (`Vec::from(Bytes)` reuses a uniquely owned buffer).
+fn tensor_to_wit(t: Tensor) -> wit::Tensor {
     wit::Tensor {
-        name: t.name.clone(),
+        name: t.name,
         datatype: datatype_to_wit(t.datatype),
-        shape: t.shape.clone(),
-        data: match &t.data {
-            TensorData::Raw(b) => wit::TensorData::Raw(b.clone()),
-            TensorData::Elements(e) => wit::TensorData::Elements(e.clone()),
+        shape: t.shape,
+        data: match t.data {
+            TensorData::Raw(b) => wit::TensorData::Raw(b.into()),
+            TensorData::Elements(e) => {
+                wit::TensorData::Elements(e.into_iter().map(Vec::from).collect())
+            }
         },
     }
 }
@@ -64,8 +68,10 @@ fn tensor_from_wit(t: wit::Tensor) -> Result<Tensor, String> {
         datatype_from_wit(t.datatype),
         t.shape,
         match t.data {
-            wit::TensorData::Raw(b) => TensorData::Raw(b),
-            wit::TensorData::Elements(e) => TensorData::Elements(e),
+            wit::TensorData::Raw(b) => TensorData::Raw(b.into()),
+            wit::TensorData::Elements(e) => {
+                TensorData::Elements(e.into_iter().map(Bytes::from).collect())
+            }
         },
     );
     tensor.check_consistent()?;
@@ -102,13 +108,13 @@ fn params_from_wit(params: Vec<wit::Parameter>) -> BTreeMap<String, ParamValue> 
         .collect()
 }
 
-/// A request as the handler's `execute` receives it.
-pub fn request_to_wit(r: &InferRequest) -> wit::Request {
+/// A request as the handler's `execute` receives it; the batch is the instance's to consume.
+pub fn request_to_wit(r: InferRequest) -> wit::Request {
     wit::Request {
-        id: r.id.clone(),
-        inputs: r.inputs.iter().map(tensor_to_wit).collect(),
-        requested_outputs: r.outputs.iter().map(|o| o.name.clone()).collect(),
         parameters: params_to_wit(&r.parameters),
+        id: r.id,
+        inputs: r.inputs.into_iter().map(tensor_to_wit).collect(),
+        requested_outputs: r.outputs.into_iter().map(|o| o.name).collect(),
     }
 }
 
@@ -201,10 +207,10 @@ pub fn response_from_wit(r: wit::Response, max_output_bytes: usize) -> InferResu
 }
 
 /// A response handed back to a handler's `infer` call.
-pub fn response_to_wit(r: &InferResponse) -> wit::Response {
+pub fn response_to_wit(r: InferResponse) -> wit::Response {
     wit::Response {
-        outputs: r.outputs.iter().map(tensor_to_wit).collect(),
         parameters: params_to_wit(&r.parameters),
+        outputs: r.outputs.into_iter().map(tensor_to_wit).collect(),
     }
 }
 

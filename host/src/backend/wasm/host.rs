@@ -399,7 +399,7 @@ impl inference::Host for HostState {
             .infer(self.call_context(), &model, version, request)
             .await
         {
-            Ok(response) => Ok(convert::response_to_wit(&response)),
+            Ok(response) => Ok(convert::response_to_wit(response)),
             Err(e) => Err(convert::error_to_wit(e)),
         }
     }

@@ -313,11 +313,11 @@ impl WasmInstance {
             },
         };
         let chain = call_chain(&batch, &self.pre.name);
-        let requests: Vec<_> = batch
-            .iter()
-            .map(|c| convert::request_to_wit(&c.request))
-            .collect();
         let request_id = batch.first().map_or(0, |c| c.cx.request_id);
+        let requests: Vec<_> = batch
+            .into_iter()
+            .map(|c| convert::request_to_wit(c.request))
+            .collect();
         live.store
             .data_mut()
             .begin_execution(chain, self.pre.limits.execute_deadline, request_id);
