@@ -123,6 +123,10 @@ async fn batcher(
 ) {
     let ordering = Arc::new(queue::Sequencer::default());
     let mut sequence = 0u64;
+    // With one instance the batcher has nothing to do while it runs, so it runs the batch itself:
+    // one task hand-off fewer per execution. With several, each batch runs on its own task so
+    // the batcher can feed the other instances meanwhile.
+    let inline = idle_rx.len() == 1;
     loop {
         let Some(instance) = idle_rx.recv().await else {
             break;
@@ -134,7 +138,7 @@ async fn batcher(
             sequence += 1;
             sequence
         });
-        tokio::spawn(run_batch(
+        let run = run_batch(
             instance,
             batch,
             queue.clone(),
@@ -142,7 +146,12 @@ async fn batcher(
             stats.clone(),
             limiter.clone(),
             ticket.map(|t| (t, ordering.clone())),
-        ));
+        );
+        if inline {
+            run.await;
+        } else {
+            tokio::spawn(run);
+        }
     }
 }
 
