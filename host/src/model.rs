@@ -142,12 +142,7 @@ impl ModelVersion {
             } else {
                 &tensor.shape[..]
             };
-            let fits = dims.len() == spec.dims.len()
-                && dims
-                    .iter()
-                    .zip(&spec.dims)
-                    .all(|(&d, &want)| want == -1 || d == want);
-            if !fits {
+            if !spec.accepts(dims) {
                 return Err(InferError::invalid(format!(
                     "unexpected shape for input '{}' for model '{model}'. Expected {:?}, got {:?}",
                     tensor.name,
@@ -218,12 +213,7 @@ impl ModelVersion {
             } else {
                 &tensor.shape[..]
             };
-            let fits = dims.len() == spec.dims.len()
-                && dims
-                    .iter()
-                    .zip(&spec.dims)
-                    .all(|(&d, &want)| want == -1 || d == want);
-            if !fits || (batched && tensor.shape.is_empty()) {
+            if !spec.accepts(dims) || (batched && tensor.shape.is_empty()) {
                 return Err(InferError::internal(format!(
                     "model '{model}' returned output '{}' of shape {:?}, but its configuration declares {:?}",
                     tensor.name,

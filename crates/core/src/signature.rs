@@ -16,6 +16,16 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// Whether `dims` (without the batch dimension) fit the declared dims: same rank, and equal
+    /// wherever the declaration is not -1.
+    pub fn accepts(&self, dims: &[i64]) -> bool {
+        dims.len() == self.dims.len()
+            && dims
+                .iter()
+                .zip(&self.dims)
+                .all(|(&d, &want)| want == -1 || d == want)
+    }
+
     /// The shape clients see: the batch dimension (-1) first when the model batches.
     pub fn client_shape(&self, batched: bool) -> Vec<i64> {
         let mut shape = Vec::with_capacity(self.dims.len() + 1);
