@@ -597,7 +597,9 @@ fn executors(
                     .collect()
             })
             .unwrap_or_default();
-        limiter.register(&need).map_err(backend::LoadError::new)?;
+        limiter
+            .register(&need)
+            .map_err(backend::LoadError::invalid)?;
         let priority = group.rate_limiter.as_ref().map_or(0, |r| r.priority);
         shares.extend(std::iter::repeat_n(
             Share::new(need, priority),

@@ -50,13 +50,13 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
     let scheduling = config::ensemble_scheduling(config)
         .filter(|s| !s.step.is_empty())
         .ok_or_else(|| {
-            LoadError::new("an ensemble needs ensemble_scheduling with at least one step")
+            LoadError::invalid("an ensemble needs ensemble_scheduling with at least one step")
         })?;
     // Where each tensor comes from, with its datatype.
     let mut produced: HashMap<String, (DataType, String)> = HashMap::new();
     for input in &config.input {
         let dt = config::datatype_from_config(input.data_type).ok_or_else(|| {
-            LoadError::new(format!(
+            LoadError::invalid(format!(
                 "ensemble input '{}' has no valid data_type",
                 input.name
             ))
@@ -67,18 +67,18 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
     for (i, step) in scheduling.step.iter().enumerate() {
         let label = format!("step {} ('{}')", i + 1, step.model_name);
         if step.model_name == name {
-            return Err(LoadError::new(format!(
+            return Err(LoadError::invalid(format!(
                 "{label} refers to the ensemble itself"
             )));
         }
         let version = (step.model_version > 0).then_some(step.model_version);
         let target = inference
             .metadata(&cx, &step.model_name, version)
-            .map_err(|e| LoadError::new(format!("{label}: {}", e.message)))?;
+            .map_err(|e| LoadError::invalid(format!("{label}: {}", e.message)))?;
         let mut inputs = Vec::new();
         for (model_input, tensor) in &step.input_map {
             if !target.inputs.iter().any(|s| &s.name == model_input) {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::invalid(format!(
                     "{label}: '{model_input}' is not an input of '{}'",
                     step.model_name
                 )));
@@ -88,13 +88,13 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         let mut outputs = Vec::new();
         for (model_output, tensor) in &step.output_map {
             let Some(spec) = target.outputs.iter().find(|s| &s.name == model_output) else {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::invalid(format!(
                     "{label}: '{model_output}' is not an output of '{}'",
                     step.model_name
                 )));
             };
             if let Some((_, by)) = produced.get(tensor) {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::invalid(format!(
                     "{label}: tensor '{tensor}' is already produced by {by}"
                 )));
             }
@@ -103,7 +103,7 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         }
         for spec in target.inputs.iter().filter(|s| !s.optional) {
             if !step.input_map.contains_key(&spec.name) {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::invalid(format!(
                     "{label}: required input '{}' is not mapped",
                     spec.name
                 )));
@@ -120,10 +120,10 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
     for step in &steps {
         let target = inference
             .metadata(&cx, &step.model, step.version)
-            .map_err(|e| LoadError::new(e.message))?;
+            .map_err(|e| LoadError::invalid(e.message))?;
         for (model_input, tensor) in &step.inputs {
             let Some((dt, by)) = produced.get(tensor) else {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::invalid(format!(
                     "step '{}' reads tensor '{tensor}', which no ensemble input or step output provides",
                     step.model
                 )));
@@ -134,7 +134,7 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
                 .find(|s| &s.name == model_input)
                 .map(|s| s.datatype);
             if want != Some(*dt) {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::invalid(format!(
                     "step '{}' input '{model_input}' expects {}, but tensor '{tensor}' from {by} is {dt}",
                     step.model,
                     want.map_or("?".into(), |d| d.to_string())
@@ -144,7 +144,7 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
     }
     for output in &config.output {
         if !produced.contains_key(&output.name) {
-            return Err(LoadError::new(format!(
+            return Err(LoadError::invalid(format!(
                 "ensemble output '{}' is not produced by any step",
                 output.name
             )));
@@ -181,7 +181,7 @@ fn check_acyclic(steps: &[Step], config: &ModelConfig) -> Result<(), LoadError> 
         }
     }
     match steps.iter().zip(&done).find(|(_, d)| !**d) {
-        Some((step, _)) => Err(LoadError::new(format!(
+        Some((step, _)) => Err(LoadError::invalid(format!(
             "the ensemble's steps form a cycle through step '{}'",
             step.model
         ))),
@@ -209,7 +209,7 @@ fn load(ctx: &LoadContext, concurrency: usize) -> Result<Vec<Box<dyn ModelInstan
     let inference = ctx
         .inference
         .upgrade()
-        .ok_or_else(|| LoadError::new("server is shutting down"))?;
+        .ok_or_else(|| LoadError::ShuttingDown)?;
     let plan = Arc::new(plan(&ctx.name, &ctx.config, inference.as_ref())?);
     Ok((0..concurrency.max(1))
         .map(|_| {

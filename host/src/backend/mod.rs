@@ -57,10 +57,9 @@ impl Backends {
         ctx: &LoadContext,
     ) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
         check_instance_groups(&ctx.config)?;
-        let backend = self
-            .0
-            .get(&kind)
-            .ok_or_else(|| LoadError::new(format!("this server has no {kind:?} backend")))?;
+        let backend = self.0.get(&kind).ok_or_else(|| {
+            LoadError::unsupported(format!("this server has no {kind:?} backend"))
+        })?;
         backend.load(ctx).await
     }
 }
@@ -76,14 +75,40 @@ pub struct LoadContext {
     pub inference: Weak<dyn Inference>,
 }
 
-/// A load failure; the version becomes UNAVAILABLE with this message.
+/// Why a model version could not load; it becomes UNAVAILABLE with this message. The kind tells
+/// whose problem it is: the model's (`Invalid`), this server's (`Unsupported`), the runtime's
+/// (`Runtime`), the handler's own `initialize` (`Initialize`).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct LoadError(pub String);
+pub enum LoadError {
+    /// The configuration or the model files are wrong or do not fit each other.
+    #[error("{0}")]
+    Invalid(String),
+    /// This server cannot run what the configuration asks for (a GPU instance group, a missing
+    /// runtime, an unsupported element type).
+    #[error("{0}")]
+    Unsupported(String),
+    /// ONNX Runtime or wasmtime failed while loading.
+    #[error("{0}")]
+    Runtime(String),
+    /// A Wasm handler's `initialize` failed, trapped or ran out of time.
+    #[error("{0}")]
+    Initialize(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
 
 impl LoadError {
-    pub fn new(message: impl Into<String>) -> Self {
-        LoadError(message.into())
+    pub fn invalid(message: impl Into<String>) -> Self {
+        LoadError::Invalid(message.into())
+    }
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        LoadError::Unsupported(message.into())
+    }
+    pub fn runtime(message: impl Into<String>) -> Self {
+        LoadError::Runtime(message.into())
+    }
+    pub fn initialize(message: impl Into<String>) -> Self {
+        LoadError::Initialize(message.into())
     }
 }
 
@@ -101,18 +126,18 @@ pub fn check_instance_groups(config: &ModelConfig) -> Result<(), LoadError> {
         match Kind::try_from(group.kind) {
             Ok(Kind::Cpu | Kind::Auto) => {}
             Ok(Kind::Gpu) => {
-                return Err(LoadError::new(
+                return Err(LoadError::unsupported(
                     "instance_group kind KIND_GPU is not available: this tessera build has no GPU backend (use KIND_CPU)",
                 ));
             }
             Ok(kind) => {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::unsupported(format!(
                     "instance_group kind {} is not supported",
                     kind.as_str_name()
                 )));
             }
             Err(_) => {
-                return Err(LoadError::new(format!(
+                return Err(LoadError::unsupported(format!(
                     "unknown instance_group kind {}",
                     group.kind
                 )));

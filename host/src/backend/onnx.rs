@@ -73,12 +73,14 @@ fn missing_runtime_message(detail: &str) -> String {
 
 fn runtime() -> Result<&'static ort::environment::Environment, LoadError> {
     if RUNTIME.get().is_none() {
-        init_runtime(None).map_err(LoadError::new)?;
+        init_runtime(None).map_err(LoadError::unsupported)?;
     }
     match RUNTIME.get() {
         Some(Ok(env)) => Ok(env),
-        Some(Err(e)) => Err(LoadError::new(e.clone())),
-        None => Err(LoadError::new(missing_runtime_message("not initialised"))),
+        Some(Err(e)) => Err(LoadError::unsupported(e.clone())),
+        None => Err(LoadError::unsupported(missing_runtime_message(
+            "not initialised",
+        ))),
     }
 }
 
@@ -86,7 +88,7 @@ fn thread_parameter(config: &ModelConfig, key: &str) -> Result<usize, LoadError>
     match string_parameter(config, key) {
         None => Ok(1),
         Some(v) => v.trim().parse::<usize>().map_err(|_| {
-            LoadError::new(format!(
+            LoadError::invalid(format!(
                 "parameter {key} must be a non-negative integer, got '{v}'"
             ))
         }),
@@ -95,13 +97,13 @@ fn thread_parameter(config: &ModelConfig, key: &str) -> Result<usize, LoadError>
 
 fn open_session(path: &Path, intra: usize, inter: usize) -> Result<Session, LoadError> {
     if !path.exists() {
-        return Err(LoadError::new(format!(
+        return Err(LoadError::invalid(format!(
             "model file {} not found",
             path.display()
         )));
     }
     let fail =
-        |e: String| LoadError::new(format!("ONNX Runtime cannot load {}: {e}", path.display()));
+        |e: String| LoadError::runtime(format!("ONNX Runtime cannot load {}: {e}", path.display()));
     Session::builder(runtime()?)
         .map_err(|e| fail(e.to_string()))?
         .with_intra_threads(intra)
@@ -146,14 +148,14 @@ fn signature_of(session: &Session) -> Result<ModelSignature, LoadError> {
                 ValueType::Tensor { ty, shape, .. } => Ok(TensorSignature {
                     name: o.name().to_owned(),
                     datatype: datatype_of(*ty).ok_or_else(|| {
-                        LoadError::new(format!(
+                        LoadError::unsupported(format!(
                             "tensor '{}' has element type {ty:?}, which tessera does not serve",
                             o.name()
                         ))
                     })?,
                     dims: shape.iter().copied().collect(),
                 }),
-                other => Err(LoadError::new(format!(
+                other => Err(LoadError::unsupported(format!(
                     "'{}' is a {other:?}, not a tensor",
                     o.name()
                 ))),
@@ -216,7 +218,7 @@ impl OnnxInstance {
                     let _ = job.done.send(executed);
                 }
             })
-            .map_err(|e| LoadError::new(format!("cannot start an instance thread: {e}")))?;
+            .map_err(|e| LoadError::runtime(format!("cannot start an instance thread: {e}")))?;
         Ok(OnnxInstance { jobs })
     }
 }
@@ -239,7 +241,7 @@ impl Backend for OnnxBackend {
         Box::pin(async move {
             tokio::task::spawn_blocking(move || load(&name, &config, &version_dir))
                 .await
-                .map_err(|e| LoadError::new(format!("loading the ONNX model failed: {e}")))?
+                .map_err(|e| LoadError::runtime(format!("loading the ONNX model failed: {e}")))?
         })
     }
 }
@@ -278,7 +280,7 @@ fn load(
     let declared = signature_of(&sessions[0])?;
     for input in &config.input {
         if !declared.inputs.iter().any(|s| s.name == input.name) {
-            return Err(LoadError::new(format!(
+            return Err(LoadError::invalid(format!(
                 "configuration input '{}' is not an input of {} (it has: {})",
                 input.name,
                 path.display(),
@@ -293,7 +295,7 @@ fn load(
     }
     for output in &config.output {
         if !declared.outputs.iter().any(|s| s.name == output.name) {
-            return Err(LoadError::new(format!(
+            return Err(LoadError::invalid(format!(
                 "configuration output '{}' is not an output of {}",
                 output.name,
                 path.display()

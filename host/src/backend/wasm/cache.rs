@@ -37,7 +37,7 @@ pub fn load_or_compile(
     // Runs on a blocking thread (the Wasm backend loads there): compilation takes seconds.
     let compile = || {
         Component::new(engine, bytes)
-            .map_err(|e| LoadError::new(format!("not a valid Wasm component: {e:#}")))
+            .map_err(|e| LoadError::invalid(format!("not a valid Wasm component: {e:#}")))
     };
     let Some(dir) = dir else { return compile() };
     if let Err(e) = create_private_dir(dir) {

@@ -150,16 +150,17 @@ fn prepare(
     component_path: &std::path::Path,
     inference: std::sync::Weak<dyn Inference>,
 ) -> Result<Arc<WasmModel>, LoadError> {
-    let limits = Limits::from_config(config, runtime.max_memory_bytes).map_err(LoadError::new)?;
+    let limits =
+        Limits::from_config(config, runtime.max_memory_bytes).map_err(LoadError::invalid)?;
     let bytes = std::fs::read(component_path).map_err(|e| {
-        LoadError::new(format!(
+        LoadError::invalid(format!(
             "cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)",
             component_path.display()
         ))
     })?;
     let component = runtime.component(&bytes, name)?;
     let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
-        LoadError::new(format!(
+        LoadError::invalid(format!(
             "{} does not fit the tessera:inference/model world: {e:#}",
             component_path.display()
         ))
@@ -167,7 +168,7 @@ fn prepare(
     let log_rate = Arc::new(limits::LogRate::new(limits.max_log_bytes_per_second));
     Ok(Arc::new(WasmModel {
         log_rate,
-        pre: ModelPre::new(instance_pre).map_err(|e| LoadError::new(format!("{e:#}")))?,
+        pre: ModelPre::new(instance_pre).map_err(|e| LoadError::runtime(format!("{e:#}")))?,
         engine: runtime.engine.clone(),
         limits,
         name: name.to_owned(),
@@ -203,10 +204,10 @@ impl Backend for WasmBackend {
                 prepare(&runtime, &name, version, &config, &path, inference)
             })
             .await
-            .map_err(|e| LoadError::new(format!("compiling the component failed: {e}")))??;
+            .map_err(|e| LoadError::runtime(format!("compiling the component failed: {e}")))??;
             let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
             for _ in 0..super::instance_count(&ctx.config) {
-                let live = pre.instantiate().await.map_err(LoadError::new)?;
+                let live = pre.instantiate().await.map_err(LoadError::initialize)?;
                 instances.push(Box::new(WasmInstance::new(pre.clone(), live)));
             }
             Ok(instances)
