@@ -206,10 +206,7 @@ impl Backend for EnsembleBackend {
 }
 
 fn load(ctx: &LoadContext, concurrency: usize) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-    let inference = ctx
-        .inference
-        .upgrade()
-        .ok_or_else(|| LoadError::ShuttingDown)?;
+    let inference = ctx.inference.upgrade().ok_or(LoadError::ShuttingDown)?;
     let plan = Arc::new(plan(&ctx.name, &ctx.config, inference.as_ref())?);
     Ok((0..concurrency.max(1))
         .map(|_| {
