@@ -30,6 +30,15 @@ pub struct Executed {
 /// and filters requested outputs.
 pub trait ModelInstance: Send + 'static {
     fn execute(&mut self, batch: Vec<Call>) -> BoxFuture<'_, Executed>;
+
+    /// Whether `execute` does its work in the calling task (a Wasm guest runs there) rather
+    /// than handing it to a thread of its own (ONNX Runtime). The scheduler runs such an
+    /// instance's batches in place when it is a model's only instance, saving a task hand-off;
+    /// an instance with its own thread gains more from the next batch being handed over while
+    /// the callers of the last one are answered.
+    fn executes_in_task(&self) -> bool {
+        false
+    }
 }
 
 /// A kind of backend: creates the instances of a model version.

@@ -283,6 +283,10 @@ impl ModelInstance for WasmInstance {
     fn execute(&mut self, batch: Vec<Call>) -> BoxFuture<'_, Executed> {
         async move { self.run(batch).await }.boxed()
     }
+
+    fn executes_in_task(&self) -> bool {
+        true
+    }
 }
 
 impl WasmInstance {
