@@ -124,14 +124,15 @@ impl Server {
             ));
         }
         // Client requests are admitted here; the calls they make inside are part of them.
-        let _admitted = match cx.call_chain.is_empty() && !cx.warmup {
-            true => Some(self.inflight.try_acquire().map_err(|_| {
+        let _admitted = if cx.call_chain.is_empty() && !cx.warmup {
+            Some(self.inflight.try_acquire().map_err(|_| {
                 InferError::unavailable(format!(
                     "the server has {} requests in flight, its limit (--max-inflight-requests); retry later",
                     self.options.limits.max_inflight_requests
                 ))
-            })?),
-            false => None,
+            })?)
+        } else {
+            None
         };
         let target = self.repository.ready_model(model, version)?;
         let _waiting = match cx.caller() {
