@@ -350,7 +350,9 @@ impl HostState {
             }
             if stream == "stderr" {
                 let tail: Vec<&str> = text.lines().rev().take(3).collect();
-                self.last_stderr = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+                let tail = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+                // It is logged later with the request id: no guest control characters in it.
+                self.last_stderr = sanitize_log(&tail).into_owned();
             }
         }
     }
