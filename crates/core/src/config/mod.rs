@@ -172,6 +172,31 @@ pub fn to_json(config: &ModelConfig) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
+/// Parses the JSON form of a configuration, as Triton's model-control `load` takes it in its
+/// `config` parameter: protobuf's JSON mapping, with proto field names or lowerCamelCase, enums by
+/// name, 64-bit integers as numbers or strings. Unknown fields are refused.
+pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let message = DynamicMessage::deserialize(model_config_descriptor(), &mut deserializer)
+        .map_err(|e| ConfigError::Invalid(format!("config: {e}")))?;
+    deserializer
+        .end()
+        .map_err(|e| ConfigError::Invalid(format!("config: {e}")))?;
+    message
+        .transcode_to::<ModelConfig>()
+        .map_err(|e| ConfigError::Invalid(format!("config: {e}")))
+}
+
+/// The configuration in protobuf text format, as `config.pbtxt` holds it.
+pub fn to_text(config: &ModelConfig) -> String {
+    let mut message = DynamicMessage::new(model_config_descriptor());
+    if message.transcode_from(config).is_err() {
+        return String::new();
+    }
+    message
+        .to_text_format_with_options(&prost_reflect::text_format::FormatOptions::new().pretty(true))
+}
+
 /// The KServe datatype of a config `DataType` (`TYPE_STRING` is `BYTES`).
 pub fn datatype_from_config(data_type: i32) -> Option<DataType> {
     use pb::DataType as C;
@@ -317,6 +342,22 @@ mod tests {
         assert_eq!(config.input.len(), 2);
         assert_eq!(config.input[1].dims, vec![16]);
         assert!(dynamic_batching(&config).is_some());
+    }
+
+    #[test]
+    fn json_and_text_round_trip() {
+        let json = r#"{"name": "m", "backend": "wasm", "max_batch_size": 8,
+            "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": ["16"]}],
+            "output": [{"name": "Y", "dataType": "TYPE_FP32", "dims": [16]}],
+            "parameters": {"offset": {"string_value": "2"}}}"#;
+        let config = from_json(json).expect("Triton's JSON form parses");
+        assert_eq!(config.input[0].dims, vec![16]);
+        assert_eq!(config.output[0].data_type, pb::DataType::TypeFp32 as i32);
+        assert_eq!(string_parameter(&config, "offset"), Some("2"));
+        let text = to_text(&config);
+        assert_eq!(parse(&text, "round trip").expect("text parses"), config);
+        assert!(from_json(r#"{"nmae": "typo"}"#).is_err(), "unknown field");
+        assert!(from_json(r#"{"name": "m"} trailing"#).is_err());
     }
 
     #[test]
