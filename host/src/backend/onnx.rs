@@ -246,6 +246,62 @@ impl Backend for OnnxBackend {
     }
 }
 
+/// Checks a configured tensor against what the model file declares, as Triton's ONNX Runtime
+/// backend does: the name exists, the datatype is the same, and the shape (with the batch
+/// dimension when batched; not checked under `reshape`) has the same rank and agrees wherever the
+/// file fixes a dimension.
+#[allow(clippy::too_many_arguments)]
+fn check_declared(
+    role: &str,
+    name: &str,
+    data_type: i32,
+    dims: &[i64],
+    reshaped: bool,
+    batched: bool,
+    declared: &[crate::config::TensorSignature],
+    path: &Path,
+) -> Result<(), LoadError> {
+    let Some(found) = declared.iter().find(|s| s.name == name) else {
+        return Err(LoadError::invalid(format!(
+            "configuration {role} '{name}' is not an {role} of {} (it has: {})",
+            path.display(),
+            declared
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    let configured = crate::config::datatype_from_config(data_type);
+    if configured != Some(found.datatype) {
+        return Err(LoadError::invalid(format!(
+            "configuration {role} '{name}' has data_type {}, but the model's is {}",
+            crate::config::pb::DataType::try_from(data_type).map_or("unknown", |t| t.as_str_name()),
+            crate::config::datatype_to_config(found.datatype).as_str_name()
+        )));
+    }
+    if reshaped {
+        return Ok(());
+    }
+    let mut full = Vec::with_capacity(dims.len() + 1);
+    if batched {
+        full.push(-1);
+    }
+    full.extend_from_slice(dims);
+    let agrees = full.len() == found.dims.len()
+        && full
+            .iter()
+            .zip(&found.dims)
+            .all(|(&c, &m)| m < 0 || c < 0 || c == m);
+    if !agrees {
+        return Err(LoadError::invalid(format!(
+            "configuration {role} '{name}' has shape {full:?} (batch dimension included), but the model's is {:?}",
+            found.dims
+        )));
+    }
+    Ok(())
+}
+
 fn load(
     model: &str,
     config: &ModelConfig,
@@ -278,29 +334,30 @@ fn load(
     }
     // The first instance's session tells what the file declares; no session just for that.
     let declared = signature_of(&sessions[0])?;
+    let batched = config.max_batch_size > 0;
     for input in &config.input {
-        if !declared.inputs.iter().any(|s| s.name == input.name) {
-            return Err(LoadError::invalid(format!(
-                "configuration input '{}' is not an input of {} (it has: {})",
-                input.name,
-                path.display(),
-                declared
-                    .inputs
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
+        check_declared(
+            "input",
+            &input.name,
+            input.data_type,
+            &input.dims,
+            input.reshape.is_some(),
+            batched,
+            &declared.inputs,
+            &path,
+        )?;
     }
     for output in &config.output {
-        if !declared.outputs.iter().any(|s| s.name == output.name) {
-            return Err(LoadError::invalid(format!(
-                "configuration output '{}' is not an output of {}",
-                output.name,
-                path.display()
-            )));
-        }
+        check_declared(
+            "output",
+            &output.name,
+            output.data_type,
+            &output.dims,
+            output.reshape.is_some(),
+            batched,
+            &declared.outputs,
+            &path,
+        )?;
     }
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
     for (i, session) in sessions.into_iter().enumerate() {
