@@ -39,6 +39,9 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
+/// The interface a handler exports (any 0.1 patch version).
+const HANDLER_EXPORT: &str = "tessera:inference/handler@0.1";
+
 /// Per-server Wasm state.
 pub struct WasmRuntime {
     engine: Engine,
@@ -141,6 +144,18 @@ impl WasmRuntime {
     }
 }
 
+/// A handler must be a component: a core module is refused with what to do instead.
+pub fn check_component_binary(path: &str, bytes: &[u8]) -> Result<(), String> {
+    const MAGIC: &[u8] = b"\0asm";
+    match bytes.get(..8) {
+        Some(header) if header.starts_with(MAGIC) && header[6..8] == [1, 0] => Ok(()),
+        Some(header) if header.starts_with(MAGIC) => Err(format!(
+            "{path} is a core Wasm module, not a component: build the handler for wasm32-wasip2 (or wrap it with `wasm-tools component new`)"
+        )),
+        _ => Err(format!("{path} is not a Wasm binary")),
+    }
+}
+
 /// Compiles (or takes from the cache) and pre-instantiates one model version.
 fn prepare(
     runtime: &WasmRuntime,
@@ -158,7 +173,27 @@ fn prepare(
             component_path.display()
         ))
     })?;
+    check_component_binary(&component_path.display().to_string(), &bytes)
+        .map_err(LoadError::invalid)?;
     let component = runtime.component(&bytes, name)?;
+    // Checked by the component's type before anything is instantiated, so a component built
+    // for another world is named as such.
+    let exports: Vec<String> = component
+        .component_type()
+        .exports(&runtime.engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    if !exports.iter().any(|e| e.starts_with(HANDLER_EXPORT)) {
+        return Err(LoadError::invalid(format!(
+            "{} is not a component of the tessera:inference/model world: it does not export {HANDLER_EXPORT} (it exports: {})",
+            component_path.display(),
+            if exports.is_empty() {
+                "nothing".to_owned()
+            } else {
+                exports.join(", ")
+            }
+        )));
+    }
     let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         LoadError::invalid(format!(
             "{} does not fit the tessera:inference/model world: {e:#}",
