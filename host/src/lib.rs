@@ -11,6 +11,7 @@
 //! [`infer::Inference`] trait, so every request of a model shares one queue and one batcher.
 
 pub mod backend;
+pub mod cli;
 pub mod limits;
 pub mod metrics;
 pub mod model;
@@ -18,6 +19,7 @@ pub mod protocol;
 pub mod repository;
 pub mod scheduler;
 pub mod server;
+pub mod store;
 pub mod warmup;
 
 // The bottom layer lives in `tessera-core`; these keep its modules at their familiar paths.

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use tessera::limits::ServerLimits;
 use tessera::repository::{LoadOptions, ModelState};
-use tessera::server::{Server, ServerOptions};
+use tessera::server::{ControlMode, Server, ServerOptions};
 use tracing_subscriber::EnvFilter;
 
 /// A KServe v2 inference server for Triton model repositories, with WebAssembly handlers.
@@ -28,6 +28,50 @@ enum Command {
     /// Load every model (configuration, model files, Wasm `initialize`, warmup) without serving;
     /// print each model version's state and exit non-zero when any fails.
     Check(CheckArgs),
+    /// Deploy a model directory (config.pbtxt and version folders) to a running server, without
+    /// a restart: uploads it, waits until it serves, and prints where to call it.
+    Deploy(DeployArgs),
+    /// List the models of a running server with their state.
+    Models(ClientArgs),
+    /// Serve the previous deployed revision of a model again.
+    Rollback(ModelArgs),
+    /// Unload a model from a running server.
+    Unload(UnloadArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct ClientArgs {
+    /// The server's HTTP address.
+    #[arg(long, env = "TESSERA_SERVER", default_value = "http://localhost:8000")]
+    server: String,
+}
+
+#[derive(Args, Debug, Clone)]
+struct DeployArgs {
+    /// The model directory: `config.pbtxt`, version folders (`1/model.wasm`), label files.
+    dir: PathBuf,
+    /// The model name [default: the config's `name`, else the directory's name].
+    #[arg(long)]
+    name: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+struct ModelArgs {
+    model: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+struct UnloadArgs {
+    model: String,
+    /// Unload the models that depend on it (ensembles) too.
+    #[arg(long)]
+    unload_dependents: bool,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -80,6 +124,25 @@ struct ServeArgs {
     /// KServe v2 HTTP/REST port.
     #[arg(long, default_value_t = 8000)]
     http_port: u16,
+    /// Model control, as in tritonserver: `none` (load everything at start, refuse load and
+    /// unload), `explicit` (load and unload on request; at start only the `--load-model`
+    /// models), `poll` (re-read the repositories every --repository-poll-secs). Without this
+    /// flag, tessera runs explicit mode with every model loaded at start, so deployments work
+    /// out of the box.
+    #[arg(long, value_parser = ["none", "explicit", "poll"])]
+    model_control_mode: Option<String>,
+    /// In explicit mode, a model to load at start; repeatable; `*` loads every model.
+    #[arg(long)]
+    load_model: Vec<String>,
+    /// In poll mode, seconds between two reads of the repositories.
+    #[arg(long, default_value_t = 15)]
+    repository_poll_secs: u64,
+    /// Where deployed models are kept (created if missing) [default: ~/.local/share/tessera/store].
+    #[arg(long, env = "TESSERA_STORE")]
+    store: Option<PathBuf>,
+    /// The largest total size, in bytes, of the files of one deployment (413 beyond).
+    #[arg(long, env = "TESSERA_MAX_DEPLOYMENT_BYTES", default_value_t = 256 * 1024 * 1024)]
+    max_deployment_bytes: usize,
     /// Reserved for KServe v2 gRPC (not served yet).
     #[arg(long, default_value_t = 8001)]
     grpc_port: u16,
@@ -146,7 +209,15 @@ fn server_options(
         rate_limit: args.rate_limit == "execution_count",
         rate_limit_resources: args.rate_limit_resource.clone(),
         limits: limits.clone(),
+        ..Default::default()
     }
+}
+
+fn default_store_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
+    Some(base.join("tessera").join("store"))
 }
 
 /// Parses `--metrics-config KEY=VALUE`.
@@ -173,10 +244,30 @@ fn default_cache_dir() -> Option<PathBuf> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> std::process::ExitCode {
+    // One clear line per error, with its causes, and a non-zero exit code.
+    match run(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Check(args)) => check(args).await,
+        Some(Command::Deploy(args)) => {
+            tessera::cli::deploy(&args.client.server, &args.dir, args.name.as_deref()).await
+        }
+        Some(Command::Models(args)) => tessera::cli::models(&args.server).await,
+        Some(Command::Rollback(args)) => {
+            tessera::cli::rollback(&args.client.server, &args.model).await
+        }
+        Some(Command::Unload(args)) => {
+            tessera::cli::unload(&args.client.server, &args.model, args.unload_dependents).await
+        }
         None => {
             let args = cli
                 .serve
@@ -188,31 +279,21 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn start_core(
-    args: &RepositoryArgs,
-    limits: &ServerLimits,
-    strict_readiness: bool,
-    latency_summaries: bool,
-) -> anyhow::Result<Arc<Server>> {
+async fn start_core(args: &RepositoryArgs, options: ServerOptions) -> anyhow::Result<Arc<Server>> {
     init_logging(args.log_verbose);
     if let Err(e) = tessera::backend::onnx::init_runtime(args.onnxruntime_library.as_deref()) {
         tracing::warn!("{e}");
     }
-    Server::start(server_options(
-        args,
-        limits,
-        strict_readiness,
-        latency_summaries,
-    ))
-    .await
+    Server::start(options).await
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<()> {
-    let server = start_core(&args.repository, &args.limits, true, false).await?;
+    let options = server_options(&args.repository, &args.limits, true, false);
+    let server = start_core(&args.repository, options).await?;
     for line in server.limits().describe() {
         println!("limit\t{line}");
     }
-    let rows = server.repository_index();
+    let rows = server.repository_index(false);
     let mut failed = 0;
     for row in &rows {
         let version = if row.version.is_empty() {
@@ -220,16 +301,17 @@ async fn check(args: CheckArgs) -> anyhow::Result<()> {
         } else {
             &row.version
         };
-        if row.state == ModelState::Ready {
-            println!("{}\t{version}\tREADY-to-load", row.name);
-        } else {
-            failed += 1;
-            println!(
-                "{}\t{version}\t{}: {}",
-                row.name,
-                row.state.as_str(),
-                row.reason
-            );
+        match row.state {
+            Some(ModelState::Ready) => println!("{}\t{version}\tREADY-to-load", row.name),
+            state => {
+                failed += 1;
+                println!(
+                    "{}\t{version}\t{}: {}",
+                    row.name,
+                    state.map_or("UNKNOWN", ModelState::as_str),
+                    row.reason
+                );
+            }
         }
     }
     server.shutdown().await;
@@ -246,14 +328,29 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .rev()
         .find(|(key, _)| key == "summary_latencies")
         .is_some_and(|(_, on)| *on);
-    let server = start_core(&args, &serve.limits, serve.strict_readiness, summaries).await?;
+    let mut options = server_options(&args, &serve.limits, serve.strict_readiness, summaries);
+    options.control_mode = match serve.model_control_mode.as_deref() {
+        Some("none") => ControlMode::None,
+        Some("poll") => ControlMode::Poll,
+        _ => ControlMode::Explicit,
+    };
+    // Without --model-control-mode: explicit, with every model loaded at start.
+    options.startup_models = serve
+        .model_control_mode
+        .is_some()
+        .then(|| serve.load_model.clone());
+    options.poll_interval = std::time::Duration::from_secs(serve.repository_poll_secs.max(1));
+    options.store_dir = serve.store.clone().or_else(default_store_dir);
+    options.max_deployment_bytes = serve.max_deployment_bytes;
+    let server = start_core(&args, options).await?;
     let broken: Vec<_> = server
-        .repository_index()
+        .repository_index(false)
         .into_iter()
-        .filter(|r| r.state != ModelState::Ready)
+        .filter(|r| r.state.is_some_and(|s| s != ModelState::Ready))
         .collect();
     for row in &broken {
-        tracing::warn!(model = %row.name, version = %row.version, "{}: {}", row.state.as_str(), row.reason);
+        let state = row.state.map_or("UNKNOWN", ModelState::as_str);
+        tracing::warn!(model = %row.name, version = %row.version, "{state}: {}", row.reason);
     }
     if serve.exit_on_error && !broken.is_empty() {
         anyhow::bail!(

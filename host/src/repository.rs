@@ -1,4 +1,5 @@
-//! The model repository: Triton's on-disk layout, version policies, and each version's state.
+//! The model repository: Triton's on-disk layout, version policies, model control, and each
+//! version's state.
 //!
 //! ```text
 //! <repository>/<model>/config.pbtxt
@@ -6,22 +7,36 @@
 //! <repository>/<model>/<version>/model.onnx | model.wasm   (version: a positive integer)
 //! ```
 //!
-//! Every model version has a state; a model that fails to load is UNAVAILABLE with its reason
-//! and never keeps the others from serving.
+//! Models come from the `--model-repository` folders and from the deployment [`Store`] (which
+//! shadows a repository model of the same name). Every model version has a state; a model that
+//! fails to load is UNAVAILABLE with its reason and never keeps the others from serving.
+//!
+//! Changing what is loaded (start-up, `load`, `unload`, polling, deployments) goes through
+//! [`Control`], one change at a time. A change builds the new [`ModelEntry`] beside the live one
+//! and swaps a new table in atomically: requests that already hold the old version finish on it,
+//! and it is dropped (its Wasm instances finalized) when the last one lets go. Versions whose
+//! configuration and files did not change (by content hash) are carried over, not reloaded.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use arc_swap::ArcSwap;
+use sha2::{Digest, Sha256};
 
 use crate::backend::{self, Backends, LoadContext};
 use crate::config::{self, BackendKind, ModelConfig, model_file, pb};
-use crate::infer::{InferError, Inference};
+use crate::infer::{BoxFuture, InferError, Inference};
 use crate::metrics::ModelStats;
 use crate::model::ModelVersion;
 use crate::scheduler::rate_limit::{RateLimiter, Requirement, Share};
 use crate::scheduler::{BatchPolicy, Executor, Scheduler};
+use crate::store::{Store, check_model_name};
+
+/// A config parameter that names the models a handler calls (comma-separated), so they load
+/// before it and its `initialize` can use them. Ensembles' steps are dependencies already.
+pub const DEPENDS_ON_PARAMETER: &str = "tessera.depends_on";
 
 /// Lifecycle state of a model version, named as Triton names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,23 +66,89 @@ pub struct VersionStatus {
     pub model: Option<Arc<ModelVersion>>,
 }
 
+/// Where a model's files come from.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// A `--model-repository` folder.
+    #[default]
+    Repository,
+    /// A revision of the deployment store.
+    Store { revision: u64 },
+}
+
+/// A model directory to load, and the configuration that replaces its `config.pbtxt`, if any
+/// (Triton's `load` with a `config` parameter).
+#[derive(Clone, Debug, Default)]
+pub struct ModelSource {
+    pub dir: PathBuf,
+    pub origin: Origin,
+    pub config_override: Option<Arc<ModelConfig>>,
+}
+
+/// Content hashes of a model directory: its configuration and shared files, and each version
+/// folder. Equal hashes mean an equal model, whatever the file times say.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fingerprint {
+    model: [u8; 32],
+    versions: BTreeMap<i64, [u8; 32]>,
+}
+
+impl Fingerprint {
+    /// One hash of everything, hex-encoded.
+    pub fn sha256_hex(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(self.model);
+        for (v, hash) in &self.versions {
+            h.update(v.to_le_bytes());
+            h.update(hash);
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
 /// A model directory and what became of it.
 #[derive(Clone, Default)]
 pub struct ModelEntry {
     pub path: PathBuf,
+    pub origin: Origin,
     /// Set when the configuration itself could not be used: no version loads then.
     pub error: Option<String>,
     pub config: Option<Arc<ModelConfig>>,
     pub versions: BTreeMap<i64, VersionStatus>,
+    source: ModelSource,
+    kind: Option<BackendKind>,
+    fingerprint: Fingerprint,
+    /// Loaded by a request (or at start) rather than only as another model's dependency.
+    explicit: bool,
+    /// Models this one calls: ensemble steps and `tessera.depends_on`.
+    dependencies: Vec<String>,
+}
+
+impl ModelEntry {
+    fn has_ready(&self) -> bool {
+        self.versions.values().any(|s| s.state == ModelState::Ready)
+    }
+
+    fn failures(&self) -> Vec<String> {
+        if let Some(e) = &self.error {
+            return vec![e.clone()];
+        }
+        self.versions
+            .iter()
+            .filter(|(_, s)| s.state != ModelState::Ready)
+            .map(|(v, s)| format!("version {v}: {}", s.reason))
+            .collect()
+    }
 }
 
 /// One row of the repository index.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IndexRow {
     pub name: String,
-    /// Empty when the model failed before any version was known.
+    /// Empty when the model failed before any version was known, or was never loaded.
     pub version: String,
-    pub state: ModelState,
+    /// None for a model of the repository that was never loaded (explicit mode).
+    pub state: Option<ModelState>,
     pub reason: String,
 }
 
@@ -83,31 +164,103 @@ pub struct LoadOptions {
     pub default_max_queue_size: usize,
 }
 
+/// Why a model-control request failed; the protocol maps each to a status.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// No such model in any repository or in the store.
+    #[error("{0}")]
+    NotFound(String),
+    /// The model, its configuration or its files are wrong, or it failed to load.
+    #[error("{0}")]
+    Invalid(String),
+    /// An upload beyond the deployment size limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The model-control mode does not allow the request.
+    #[error("{0}")]
+    NotAllowed(String),
+    /// The store or the filesystem failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<crate::store::StoreError> for ControlError {
+    fn from(e: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
+        match e {
+            StoreError::Invalid(m) => ControlError::Invalid(m),
+            e @ (StoreError::NotDeployed(_) | StoreError::NoEarlierRevision(_)) => {
+                ControlError::NotFound(e.to_string())
+            }
+            e @ StoreError::Io { .. } => ControlError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// What a load did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// A new or changed model now serves.
+    Loaded,
+    /// The model already served these exact files and configuration.
+    Unchanged,
+}
+
+/// A model loaded beside the live table, not yet serving.
+pub struct Candidate {
+    name: String,
+    entry: ModelEntry,
+    /// Whether a failed load is recorded in the table (a repository model shows UNAVAILABLE with
+    /// its reason) or leaves no trace (a rejected deployment changes nothing).
+    record_failure: bool,
+}
+
+impl Candidate {
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.entry.fingerprint
+    }
+
+    /// Why versions of it did not load (empty: all READY).
+    pub fn failures(&self) -> Vec<String> {
+        self.entry.failures()
+    }
+}
+
 /// Every model and what became of it, by name: an immutable snapshot.
 type ModelTable = BTreeMap<String, ModelEntry>;
 
-/// All models of all repository paths.
+/// All models of all repository paths and of the deployment store.
 pub struct Repository {
     paths: Vec<PathBuf>,
+    store: Option<Arc<Store>>,
     /// Read without locking by every request; changed only by building a new table beside the
-    /// live one and swapping it in, so a request sees one consistent table (and a reload can
-    /// replace a model while requests run).
+    /// live one and swapping it in, so a request sees one consistent table.
     table: ArcSwap<ModelTable>,
     /// Serializes the writers, so no change is lost between copying the table and swapping it.
     writer: Mutex<()>,
+    /// One model-control change at a time (loads take long; requests never wait on this).
+    control: tokio::sync::Mutex<()>,
     /// What loads a model of each kind.
     backends: Backends,
     /// Shared by every instance that names rate-limiter resources.
     limiter: Arc<RateLimiter>,
     /// The request path, for models that call other models.
     inference: Weak<dyn Inference>,
-    latency_summaries: bool,
-    default_max_queue_size: usize,
+    options: LoadOptions,
+}
+
+/// Which repository models load at start.
+#[derive(Clone, Debug)]
+pub enum StartupModels {
+    All,
+    /// `--load-model` names (explicit mode); `*` is [`StartupModels::All`].
+    Named(Vec<String>),
 }
 
 impl Repository {
     pub fn new(
         paths: Vec<PathBuf>,
+        store: Option<Arc<Store>>,
         backends: Backends,
         limiter: Arc<RateLimiter>,
         inference: Weak<dyn Inference>,
@@ -115,14 +268,19 @@ impl Repository {
     ) -> Repository {
         Repository {
             paths,
+            store,
             table: ArcSwap::from_pointee(ModelTable::new()),
             writer: Mutex::new(()),
+            control: tokio::sync::Mutex::new(()),
             backends,
             limiter,
             inference,
-            latency_summaries: options.latency_summaries,
-            default_max_queue_size: options.default_max_queue_size,
+            options: options.clone(),
         }
+    }
+
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref()
     }
 
     /// The live table.
@@ -138,38 +296,12 @@ impl Repository {
         self.table.store(Arc::new(next));
     }
 
-    /// Loads every model. Ensembles load last, as they refer to the others.
-    pub async fn load_all(&self, options: &LoadOptions) -> Result<(), String> {
-        // Reading directories and configs (and ONNX files, for auto-complete) blocks.
-        let (paths, options) = (self.paths.clone(), options.clone());
-        let mut prepared: Vec<(String, ModelEntry, Option<BackendKind>)> =
-            tokio::task::spawn_blocking(move || {
-                discover(&paths).map(|found| {
-                    found
-                        .into_iter()
-                        .map(|(name, path)| {
-                            let (entry, kind) = prepare(&name, &path, &options);
-                            (name, entry, kind)
-                        })
-                        .collect()
-                })
-            })
-            .await
-            .map_err(|e| format!("reading the repository failed: {e}"))??;
-        let depths = ensemble_depths(&prepared);
-        // Plain models first, then ensembles, each after the ensembles it uses as steps.
-        prepared.sort_by_key(|(name, _, _)| depths.get(name).copied().unwrap_or(0));
-        for (name, entry, kind) in prepared {
-            self.update(|t| {
-                t.insert(name.clone(), entry.clone());
-            });
-            let Some(kind) = kind else { continue };
-            let loaded = self.load_versions(&name, entry, kind).await;
-            self.update(|t| {
-                t.insert(name, loaded);
-            });
+    /// Takes the model-control lock: loads, unloads and deployments happen one at a time.
+    pub async fn control(&self) -> Control<'_> {
+        Control {
+            repo: self,
+            _lock: self.control.lock().await,
         }
-        Ok(())
     }
 
     /// The version that should answer a request: the given one, or the newest READY one.
@@ -257,15 +389,17 @@ impl Repository {
             .unwrap_or_default()
     }
 
-    /// Every model and version with its state.
-    pub fn index(&self) -> Vec<IndexRow> {
+    /// Every model and version with its state; with `ready_only`, the READY versions only.
+    /// Models of the repository folders that were never loaded are listed by name alone.
+    pub fn index(&self, ready_only: bool) -> Vec<IndexRow> {
+        let table = self.read();
         let mut rows = Vec::new();
-        for (name, entry) in self.read().iter() {
+        for (name, entry) in table.iter() {
             if entry.versions.is_empty() {
                 rows.push(IndexRow {
                     name: name.clone(),
                     version: String::new(),
-                    state: ModelState::Unavailable,
+                    state: Some(ModelState::Unavailable),
                     reason: entry
                         .error
                         .clone()
@@ -276,12 +410,90 @@ impl Repository {
                 rows.push(IndexRow {
                     name: name.clone(),
                     version: v.to_string(),
-                    state: status.state,
+                    state: Some(status.state),
                     reason: status.reason.clone(),
                 });
             }
         }
+        if !ready_only {
+            let known: BTreeSet<String> = self.available().into_keys().collect();
+            for name in known {
+                if !table.contains_key(&name) {
+                    rows.push(IndexRow {
+                        name,
+                        version: String::new(),
+                        state: None,
+                        reason: String::new(),
+                    });
+                }
+            }
+            rows.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        rows.retain(|r| !ready_only || r.state == Some(ModelState::Ready));
         rows
+    }
+
+    /// Every model that could be loaded, by name: the repository folders' model directories and
+    /// the store's deployments (a deployment shadows a repository model of the same name).
+    fn available(&self) -> BTreeMap<String, ModelSource> {
+        let mut found: BTreeMap<String, ModelSource> = match discover(&self.paths) {
+            Ok(found) => found
+                .into_iter()
+                .map(|(name, dir)| {
+                    (
+                        name,
+                        ModelSource {
+                            dir,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .collect(),
+            Err(e) => {
+                tracing::error!("{e}");
+                BTreeMap::new()
+            }
+        };
+        if let Some(store) = &self.store {
+            for (name, manifest) in store.deployed() {
+                found.insert(
+                    name.clone(),
+                    ModelSource {
+                        dir: store.revision_dir(&name, manifest.current),
+                        origin: Origin::Store {
+                            revision: manifest.current,
+                        },
+                        config_override: None,
+                    },
+                );
+            }
+        }
+        found
+    }
+
+    /// Where the model `name` would load from.
+    fn source_of(&self, name: &str) -> Option<ModelSource> {
+        check_model_name(name).ok()?;
+        if let Some((dir, revision)) = self.store.as_ref().and_then(|s| s.current_dir(name)) {
+            return Some(ModelSource {
+                dir,
+                origin: Origin::Store { revision },
+                config_override: None,
+            });
+        }
+        self.paths
+            .iter()
+            .map(|root| root.join(name))
+            .find(|dir| dir.is_dir())
+            .map(|dir| ModelSource {
+                dir,
+                ..Default::default()
+            })
+    }
+
+    /// Where a loaded model came from.
+    pub fn origin(&self, name: &str) -> Option<Origin> {
+        self.read().get(name).map(|e| e.origin.clone())
     }
 
     /// Every READY model version.
@@ -292,23 +504,508 @@ impl Repository {
             .collect()
     }
 
-    /// True when every version of every model is READY (Triton's strict readiness).
+    /// True when every version of every model that should serve is READY (Triton's strict
+    /// readiness; models unloaded on request do not count).
     pub fn all_ready(&self) -> bool {
-        self.index().iter().all(|r| r.state == ModelState::Ready)
+        self.read().values().all(|e| {
+            e.error.is_none()
+                && e.versions.values().all(|s| {
+                    s.state == ModelState::Ready
+                        || s.state == ModelState::Unavailable && s.reason == UNLOADED
+                })
+        })
     }
 
     /// Drops every model: their schedulers finish what is queued, then stop.
     pub fn unload_all(&self) {
         self.update(|models| {
             for entry in models.values_mut() {
-                for status in entry.versions.values_mut() {
-                    status.state = ModelState::Unavailable;
-                    status.reason = "unloaded".into();
-                    status.model = None;
-                }
+                mark_unloaded(entry);
             }
         });
     }
+}
+
+/// The reason an unloaded version shows, as Triton shows it.
+const UNLOADED: &str = "unloaded";
+
+fn mark_unloaded(entry: &mut ModelEntry) {
+    for status in entry.versions.values_mut() {
+        status.state = ModelState::Unavailable;
+        status.reason = UNLOADED.into();
+        status.model = None;
+    }
+    entry.explicit = false;
+}
+
+/// Models a configuration calls: its ensemble steps and its `tessera.depends_on` parameter.
+fn dependencies(config: &ModelConfig) -> Vec<String> {
+    let mut deps: Vec<String> = config::ensemble_scheduling(config)
+        .map(|e| e.step.iter().map(|s| s.model_name.clone()).collect())
+        .unwrap_or_default();
+    if let Some(list) = config::string_parameter(config, DEPENDS_ON_PARAMETER) {
+        deps.extend(
+            list.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+        );
+    }
+    deps.sort();
+    deps.dedup();
+    deps
+}
+
+/// Holds the model-control lock; every change to what is loaded goes through here.
+pub struct Control<'r> {
+    repo: &'r Repository,
+    _lock: tokio::sync::MutexGuard<'r, ()>,
+}
+
+/// How a load treats what it finds.
+#[derive(Clone, Copy)]
+struct LoadMode {
+    /// Loaded on request, not only as a dependency.
+    explicit: bool,
+    /// A failure shows in the table (UNAVAILABLE with its reason) when nothing serves yet.
+    record_failure: bool,
+    /// Rebuild every version, even unchanged ones (an ensemble whose step changed).
+    force: bool,
+}
+
+impl Control<'_> {
+    /// Loads the models that serve from the start: the chosen repository models and every
+    /// deployment of the store that was not unloaded. A model that fails is recorded and the
+    /// others go on.
+    pub async fn load_startup(&self, which: &StartupModels) -> Result<(), String> {
+        let paths = self.repo.paths.clone();
+        // An unreadable repository folder fails the start, as in Triton.
+        tokio::task::spawn_blocking(move || discover(&paths))
+            .await
+            .map_err(|e| format!("reading the repository failed: {e}"))??;
+        let store_loaded: BTreeSet<String> = self
+            .repo
+            .store
+            .as_ref()
+            .map(|s| {
+                s.deployed()
+                    .into_iter()
+                    .filter(|(_, m)| m.loaded)
+                    .map(|(n, _)| n)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let available = self.repo.available();
+        let mut names: Vec<String> = match which {
+            StartupModels::All => available.keys().cloned().collect(),
+            StartupModels::Named(names) => names.clone(),
+        };
+        names.extend(store_loaded.iter().cloned());
+        names.sort();
+        names.dedup();
+        for name in names {
+            let loaded_by_store = store_loaded.contains(&name);
+            // A deployment that was unloaded stays unloaded across restarts.
+            if !loaded_by_store
+                && matches!(
+                    available.get(&name),
+                    Some(ModelSource {
+                        origin: Origin::Store { .. },
+                        ..
+                    })
+                )
+            {
+                continue;
+            }
+            if let Err(e) = self.load(&name, None).await {
+                tracing::error!(model = %name, "{e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads (or reloads) `name` from where it lives, with `config_override` replacing its
+    /// `config.pbtxt` when given. Loading an unchanged model that serves does nothing.
+    pub async fn load(
+        &self,
+        name: &str,
+        config_override: Option<ModelConfig>,
+    ) -> Result<LoadOutcome, ControlError> {
+        let mut source = self.repo.source_of(name).ok_or_else(|| {
+            ControlError::NotFound(format!(
+                "failed to load '{name}': no model directory '{name}' in the model repositories or the store"
+            ))
+        })?;
+        source.config_override = config_override.map(Arc::new);
+        let mode = LoadMode {
+            explicit: true,
+            record_failure: true,
+            force: false,
+        };
+        self.load_source(name.to_owned(), source, mode, Vec::new())
+            .await
+    }
+
+    /// Builds `name` from `source` beside the live table, loading what it depends on first;
+    /// nothing serves it until [`Control::publish`]. `None`: it already serves unchanged.
+    pub async fn build(
+        &self,
+        name: &str,
+        source: ModelSource,
+    ) -> Result<Option<Candidate>, ControlError> {
+        let mode = LoadMode {
+            explicit: true,
+            record_failure: false,
+            force: false,
+        };
+        self.build_inner(name.to_owned(), source, mode, Vec::new())
+            .await
+    }
+
+    fn load_source(
+        &self,
+        name: String,
+        source: ModelSource,
+        mode: LoadMode,
+        visiting: Vec<String>,
+    ) -> BoxFuture<'_, Result<LoadOutcome, ControlError>> {
+        Box::pin(async move {
+            match self.build_inner(name, source, mode, visiting).await? {
+                Some(candidate) => {
+                    self.publish(candidate).await?;
+                    Ok(LoadOutcome::Loaded)
+                }
+                None => Ok(LoadOutcome::Unchanged),
+            }
+        })
+    }
+
+    async fn build_inner(
+        &self,
+        name: String,
+        source: ModelSource,
+        mode: LoadMode,
+        mut visiting: Vec<String>,
+    ) -> Result<Option<Candidate>, ControlError> {
+        let repo = self.repo;
+        let options = repo.options.clone();
+        let (prepared_name, prepared_source) = (name.clone(), source.clone());
+        let (mut entry, kind) = tokio::task::spawn_blocking(move || {
+            prepare(&prepared_name, &prepared_source, &options)
+        })
+        .await
+        .map_err(|e| ControlError::Internal(format!("reading '{name}' failed: {e}")))?;
+        entry.explicit = mode.explicit;
+        let live = repo.read().get(&name).cloned();
+        let fail = |entry: ModelEntry, message: String| {
+            if mode.record_failure && !live.as_ref().is_some_and(ModelEntry::has_ready) {
+                repo.update(|t| {
+                    t.insert(name.clone(), entry);
+                });
+            }
+            Err(ControlError::Invalid(message))
+        };
+        let Some(kind) = kind else {
+            let reason = entry.error.clone().unwrap_or_default();
+            return fail(entry, format!("failed to load '{name}': {reason}"));
+        };
+        // What it calls loads first, so an ensemble plans against it and a handler's
+        // `initialize` can call it.
+        visiting.push(name.clone());
+        for dep in entry.dependencies.clone() {
+            if repo.read().get(&dep).is_some_and(ModelEntry::has_ready) {
+                continue;
+            }
+            if visiting.contains(&dep) {
+                let message = format!(
+                    "failed to load '{name}': dependency cycle {} -> {dep}",
+                    visiting.join(" -> ")
+                );
+                return fail(with_error(entry, &message), message);
+            }
+            let Some(dep_source) = repo.source_of(&dep) else {
+                let message = format!(
+                    "failed to load '{name}': it depends on '{dep}', which is in no model repository"
+                );
+                return fail(with_error(entry, &message), message);
+            };
+            let dep_mode = LoadMode {
+                explicit: false,
+                record_failure: true,
+                force: false,
+            };
+            if let Err(e) = self
+                .load_source(dep.clone(), dep_source, dep_mode, visiting.clone())
+                .await
+            {
+                let message =
+                    format!("failed to load '{name}': it depends on '{dep}', which failed: {e}");
+                return fail(with_error(entry, &message), message);
+            }
+        }
+        if let Some(live) = &live
+            && !mode.force
+            && live.fingerprint == entry.fingerprint
+            && live.source.config_override == entry.source.config_override
+            && live.has_ready()
+            && live.failures().is_empty()
+        {
+            if mode.explicit && !live.explicit {
+                repo.update(|t| {
+                    if let Some(e) = t.get_mut(&name) {
+                        e.explicit = true;
+                    }
+                });
+            }
+            return Ok(None);
+        }
+        let reuse = if mode.force { None } else { live.as_ref() };
+        let entry = repo.load_versions(&name, entry, kind, reuse).await;
+        Ok(Some(Candidate {
+            name,
+            entry,
+            record_failure: mode.record_failure,
+        }))
+    }
+
+    /// Swaps a built model in: new requests go to it, requests holding the old version finish
+    /// there. A model that failed to load leaves what serves untouched and says why. Ensembles
+    /// built on the model are planned again against it.
+    pub fn publish(&self, candidate: Candidate) -> BoxFuture<'_, Result<(), ControlError>> {
+        Box::pin(async move {
+            let Candidate {
+                name,
+                entry,
+                record_failure,
+            } = candidate;
+            let failures = entry.failures();
+            let live_serves = self
+                .repo
+                .read()
+                .get(&name)
+                .is_some_and(ModelEntry::has_ready);
+            if !failures.is_empty() {
+                let message = format!("failed to load '{name}': {}", failures.join("; "));
+                if live_serves {
+                    tracing::warn!(model = %name, "{message}; the serving version is unchanged");
+                    return Err(ControlError::Invalid(format!(
+                        "{message}; the serving version is unchanged"
+                    )));
+                }
+                if record_failure {
+                    self.repo.update(|t| {
+                        t.insert(name.clone(), entry);
+                    });
+                }
+                return Err(ControlError::Invalid(message));
+            }
+            self.repo.update(|t| {
+                t.insert(name.clone(), entry);
+            });
+            tracing::info!(model = %name, "serving");
+            let dependents: Vec<(String, ModelEntry)> = self
+                .repo
+                .read()
+                .iter()
+                .filter(|(_, e)| {
+                    e.kind == Some(BackendKind::Ensemble)
+                        && e.has_ready()
+                        && e.dependencies.contains(&name)
+                })
+                .map(|(n, e)| (n.clone(), e.clone()))
+                .collect();
+            for (dependent, e) in dependents {
+                let mode = LoadMode {
+                    explicit: e.explicit,
+                    record_failure: false,
+                    force: true,
+                };
+                if let Err(err) = self
+                    .load_source(
+                        dependent.clone(),
+                        e.source.clone(),
+                        mode,
+                        vec![name.clone()],
+                    )
+                    .await
+                {
+                    tracing::warn!(model = %dependent, "re-planning after '{name}' changed: {err}");
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Unloads `name`: new requests find it UNAVAILABLE, queued ones finish. With
+    /// `unload_dependents`, models that call it are unloaded too; models it called that were
+    /// loaded only for it (not on request) are unloaded with it, as in Triton. Returns the
+    /// models unloaded.
+    pub fn unload<'a>(
+        &'a self,
+        name: &'a str,
+        unload_dependents: bool,
+    ) -> BoxFuture<'a, Result<Vec<String>, ControlError>> {
+        Box::pin(async move {
+            let Some(entry) = self.repo.read().get(name).cloned() else {
+                return if self.repo.source_of(name).is_some() {
+                    Ok(Vec::new())
+                } else {
+                    Err(ControlError::NotFound(format!(
+                        "failed to unload '{name}': no model '{name}' in the model repositories or the store"
+                    )))
+                };
+            };
+            self.repo.update(|t| {
+                if let Some(e) = t.get_mut(name) {
+                    mark_unloaded(e);
+                }
+            });
+            tracing::info!(model = name, "unloaded");
+            let mut unloaded = vec![name.to_owned()];
+            if unload_dependents {
+                let dependents: Vec<String> = self
+                    .repo
+                    .read()
+                    .iter()
+                    .filter(|(_, e)| e.has_ready() && e.dependencies.iter().any(|d| d == name))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for d in dependents {
+                    unloaded.extend(self.unload(&d, true).await?);
+                }
+            }
+            for dep in &entry.dependencies {
+                let table = self.repo.read();
+                let still_needed = table
+                    .iter()
+                    .any(|(_, e)| e.has_ready() && e.dependencies.contains(dep));
+                let implicit = table.get(dep).is_some_and(|e| e.has_ready() && !e.explicit);
+                drop(table);
+                if implicit && !still_needed {
+                    unloaded.extend(self.unload(dep, false).await?);
+                }
+            }
+            Ok(unloaded)
+        })
+    }
+
+    /// Poll mode: picks up added, removed and changed models (and versions) in the repository
+    /// folders and the store.
+    pub async fn poll(&self) {
+        let mut available = self.repo.available();
+        if let Some(store) = &self.repo.store {
+            available.retain(|name, source| {
+                source.origin == Origin::Repository
+                    || store.manifest(name).is_some_and(|m| m.loaded)
+            });
+        }
+        let loaded: Vec<(String, ModelEntry)> = self
+            .repo
+            .read()
+            .iter()
+            .map(|(n, e)| (n.clone(), e.clone()))
+            .collect();
+        for (name, entry) in &loaded {
+            if !available.contains_key(name) && !entry.versions.is_empty() {
+                tracing::info!(model = %name, "removed from the repository");
+                self.repo.update(|t| {
+                    t.remove(name);
+                });
+            }
+        }
+        for (name, source) in available {
+            let (dir, config_override) = (source.dir.clone(), source.config_override.clone());
+            let now =
+                tokio::task::spawn_blocking(move || fingerprint(&dir, config_override.as_deref()))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+            let same = self.repo.read().get(&name).is_some_and(|e| {
+                now.as_ref() == Some(&e.fingerprint) && e.source.dir == source.dir
+            });
+            if same {
+                continue;
+            }
+            let mode = LoadMode {
+                explicit: true,
+                record_failure: true,
+                force: false,
+            };
+            if let Err(e) = self
+                .load_source(name.clone(), source, mode, Vec::new())
+                .await
+            {
+                tracing::error!(model = %name, "{e}");
+            }
+        }
+    }
+}
+
+fn with_error(mut entry: ModelEntry, message: &str) -> ModelEntry {
+    entry.error = Some(message.to_owned());
+    entry.versions.clear();
+    entry
+}
+
+/// Content hashes of a model directory (see [`Fingerprint`]); `config_override` stands in for
+/// `config.pbtxt`.
+fn fingerprint(dir: &Path, config_override: Option<&ModelConfig>) -> std::io::Result<Fingerprint> {
+    let mut model = Sha256::new();
+    let mut versions = BTreeMap::new();
+    if let Some(config) = config_override {
+        model.update(b"override\0");
+        model.update(config::to_text(config).as_bytes());
+    }
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if config_override.is_some() && name == "config.pbtxt" {
+            continue;
+        }
+        match name.parse::<i64>() {
+            Ok(v) if v > 0 && path.is_dir() => {
+                let mut h = Sha256::new();
+                hash_tree(&mut h, &path, Path::new(""))?;
+                versions.insert(v, h.finalize().into());
+            }
+            _ => hash_entry(&mut model, &path, Path::new(&*name))?,
+        }
+    }
+    Ok(Fingerprint {
+        model: model.finalize().into(),
+        versions,
+    })
+}
+
+fn hash_tree(h: &mut Sha256, dir: &Path, relative: &Path) -> std::io::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        hash_entry(h, &entry.path(), &relative.join(entry.file_name()))?;
+    }
+    Ok(())
+}
+
+fn hash_entry(h: &mut Sha256, path: &Path, relative: &Path) -> std::io::Result<()> {
+    if path.is_dir() {
+        return hash_tree(h, path, relative);
+    }
+    h.update(relative.to_string_lossy().as_bytes());
+    h.update([0]);
+    let mut file = std::fs::File::open(path)?;
+    h.update(file.metadata()?.len().to_le_bytes());
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buffer[..n]);
+    }
+    Ok(())
 }
 
 /// Model directories found in the repository paths (a name present twice is an error).
@@ -337,55 +1034,18 @@ fn discover(paths: &[PathBuf]) -> Result<BTreeMap<String, PathBuf>, String> {
     Ok(found)
 }
 
-/// How deep each ensemble nests: 1 for an ensemble of plain models, 1 + the deepest step for an
-/// ensemble of ensembles. Plain models are absent (depth 0). A cycle stops the count; the plan
-/// check at load time reports it.
-fn ensemble_depths(
-    prepared: &[(String, ModelEntry, Option<BackendKind>)],
-) -> HashMap<String, usize> {
-    let steps: HashMap<&str, Vec<&str>> = prepared
-        .iter()
-        .filter(|(_, _, kind)| *kind == Some(BackendKind::Ensemble))
-        .filter_map(|(name, entry, _)| {
-            let config = entry.config.as_deref()?;
-            let steps = config::ensemble_scheduling(config)?
-                .step
-                .iter()
-                .map(|s| s.model_name.as_str())
-                .collect();
-            Some((name.as_str(), steps))
-        })
-        .collect();
-    fn depth<'a>(
-        name: &'a str,
-        steps: &HashMap<&'a str, Vec<&'a str>>,
-        seen: &mut Vec<&'a str>,
-    ) -> usize {
-        let Some(children) = steps.get(name) else {
-            return 0;
-        };
-        if seen.contains(&name) {
-            return 0;
-        }
-        seen.push(name);
-        let d = 1 + children
-            .iter()
-            .map(|c| depth(c, steps, seen))
-            .max()
-            .unwrap_or(0);
-        seen.pop();
-        d
-    }
-    steps
-        .keys()
-        .map(|&name| (name.to_owned(), depth(name, &steps, &mut Vec::new())))
-        .collect()
-}
-
-/// Reads a model's configuration and decides its versions; no backend work yet.
-fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Option<BackendKind>) {
+/// Reads a model's configuration, hashes its files and decides its versions; no backend work
+/// yet. Blocks (reads files, and ONNX models for auto-complete).
+fn prepare(
+    name: &str,
+    source: &ModelSource,
+    options: &LoadOptions,
+) -> (ModelEntry, Option<BackendKind>) {
+    let path = source.dir.as_path();
     let mut entry = ModelEntry {
         path: path.to_owned(),
+        origin: source.origin.clone(),
+        source: source.clone(),
         ..Default::default()
     };
     let fail = |mut entry: ModelEntry, message: String| {
@@ -393,8 +1053,14 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
         entry.error = Some(message);
         (entry, None)
     };
+    entry.fingerprint = match fingerprint(path, source.config_override.as_deref()) {
+        Ok(f) => f,
+        Err(e) => return fail(entry, format!("cannot read {}: {e}", path.display())),
+    };
     let config_path = path.join("config.pbtxt");
-    let mut config = if config_path.exists() {
+    let mut config = if let Some(config) = &source.config_override {
+        ModelConfig::clone(config)
+    } else if config_path.exists() {
         match config::read(&config_path) {
             Ok(c) => c,
             Err(e) => return fail(entry, e.to_string()),
@@ -492,6 +1158,8 @@ fn prepare(name: &str, path: &Path, options: &LoadOptions) -> (ModelEntry, Optio
     if let Err(e) = config::validate(&config) {
         return fail(entry, format!("invalid configuration: {e}"));
     }
+    entry.dependencies = dependencies(&config);
+    entry.kind = Some(kind);
     entry.config = Some(Arc::new(config));
     for v in selected {
         entry.versions.insert(
@@ -617,28 +1285,49 @@ fn executors(
 }
 
 impl Repository {
-    /// Loads each selected version of a prepared model.
+    /// Loads each selected version of a prepared model; a version whose configuration and files
+    /// equal those of a READY version in `reuse` (the live entry) is carried over as it is.
     async fn load_versions(
         &self,
         name: &str,
         mut entry: ModelEntry,
         kind: BackendKind,
+        reuse: Option<&ModelEntry>,
     ) -> ModelEntry {
         let Some(config) = entry.config.clone() else {
             return entry;
         };
         let limiter = &self.limiter;
-        let labels = match read_labels(&config, &entry.path) {
-            Ok(l) => l,
-            Err(e) => {
-                for status in entry.versions.values_mut() {
-                    status.state = ModelState::Unavailable;
-                    status.reason.clone_from(&e);
+        let (labels_config, labels_dir) = (config.clone(), entry.path.clone());
+        let labels =
+            match tokio::task::spawn_blocking(move || read_labels(&labels_config, &labels_dir))
+                .await
+                .unwrap_or_else(|e| Err(format!("reading labels failed: {e}")))
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    for status in entry.versions.values_mut() {
+                        status.state = ModelState::Unavailable;
+                        status.reason.clone_from(&e);
+                    }
+                    return entry;
                 }
-                return entry;
-            }
-        };
+            };
+        let fingerprint = entry.fingerprint.clone();
         for (&version, status) in entry.versions.iter_mut() {
+            let unchanged = reuse.and_then(|live| {
+                let same = live.fingerprint.model == fingerprint.model
+                    && live.source.config_override == entry.source.config_override
+                    && live.fingerprint.versions.get(&version)
+                        == fingerprint.versions.get(&version);
+                let serving = live.versions.get(&version)?;
+                (same && serving.state == ModelState::Ready).then(|| serving.clone())
+            });
+            if let Some(serving) = unchanged {
+                tracing::debug!(model = name, version, "unchanged; kept as it serves");
+                *status = serving;
+                continue;
+            }
             let ctx = LoadContext {
                 name: name.to_owned(),
                 version,
@@ -655,10 +1344,10 @@ impl Repository {
             match loaded {
                 Ok(executors) => {
                     let max_rows = usize::try_from(config.max_batch_size).unwrap_or(0);
-                    let stats = Arc::new(ModelStats::new(max_rows, self.latency_summaries));
+                    let stats = Arc::new(ModelStats::new(max_rows, self.options.latency_summaries));
                     let scheduler = Scheduler::start(
                         BatchPolicy::from_config(&config)
-                            .with_default_max_queue_size(self.default_max_queue_size),
+                            .with_default_max_queue_size(self.options.default_max_queue_size),
                         executors,
                         stats.clone(),
                         limiter.clone(),

@@ -5,6 +5,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
 
 use crate::backend::Backends;
 use crate::backend::ensemble::EnsembleBackend;
@@ -16,9 +19,42 @@ use crate::infer::{
 };
 use crate::limits::ServerLimits;
 use crate::metrics::StatsSnapshot;
-use crate::repository::{IndexRow, LoadOptions, Repository};
+use crate::repository::{
+    ControlError, IndexRow, LoadOptions, LoadOutcome, ModelSource, Origin, Repository,
+    StartupModels,
+};
 use crate::scheduler::rate_limit::RateLimiter;
 use crate::signature::ModelMetadata;
+use crate::store::{Store, check_model_name, check_relative_path};
+
+/// Triton's `--model-control-mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ControlMode {
+    /// Every model loads at start; load and unload requests are refused.
+    None,
+    /// Load and unload on request, and deployments.
+    #[default]
+    Explicit,
+    /// The repository folders are re-read every poll interval; requests are refused.
+    Poll,
+}
+
+/// A `load` request, as Triton's repository extension takes it: an optional configuration (JSON)
+/// that replaces `config.pbtxt`, and optional model files by path (`file:1/model.wasm`) that
+/// replace the model directory (they need `config`).
+#[derive(Clone, Debug, Default)]
+pub struct LoadRequest {
+    pub config: Option<String>,
+    pub files: Vec<(String, Bytes)>,
+}
+
+/// What a load or rollback did, for the answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deployed {
+    pub outcome: LoadOutcome,
+    /// The store revision that serves, for a deployment.
+    pub revision: Option<u64>,
+}
 
 /// Server-wide settings (the command line, minus the ports).
 #[derive(Clone, Debug, Default)]
@@ -34,6 +70,15 @@ pub struct ServerOptions {
     /// `--rate-limit-resource NAME:COUNT[:DEVICE]`, parsed.
     pub rate_limit_resources: Vec<(String, u64)>,
     pub limits: ServerLimits,
+    pub control_mode: ControlMode,
+    /// Repository models loaded at start (`--load-model`; every model outside explicit mode).
+    pub startup_models: Option<Vec<String>>,
+    /// `--repository-poll-secs`.
+    pub poll_interval: Duration,
+    /// `--store`: where deployments are kept; None serves without one (deployments refused).
+    pub store_dir: Option<PathBuf>,
+    /// `--max-deployment-bytes`: the largest total of files one deployment may carry.
+    pub max_deployment_bytes: usize,
 }
 
 pub struct Server {
@@ -56,6 +101,15 @@ pub struct VersionStatistics {
 impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
+        let store = match &options.store_dir {
+            Some(dir) => {
+                let dir = dir.clone();
+                Some(Arc::new(
+                    tokio::task::spawn_blocking(move || Store::open(&dir)).await??,
+                ))
+            }
+            None => None,
+        };
         let wasm = Arc::new(WasmRuntime::new(
             options.wasm_cache_dir.clone(),
             &options.limits,
@@ -79,6 +133,7 @@ impl Server {
             Server {
                 repository: Repository::new(
                     options.model_repositories.clone(),
+                    store,
                     backends,
                     limiter,
                     inference,
@@ -90,11 +145,29 @@ impl Server {
                 waits: WaitGraph::default(),
             }
         });
+        let startup = match (&server.options.startup_models, server.options.control_mode) {
+            (Some(names), ControlMode::Explicit) if !names.iter().any(|n| n == "*") => {
+                StartupModels::Named(names.clone())
+            }
+            _ => StartupModels::All,
+        };
         server
             .repository
-            .load_all(&server.options.load)
+            .control()
+            .await
+            .load_startup(&startup)
             .await
             .map_err(anyhow::Error::msg)?;
+        if server.options.control_mode == ControlMode::Poll {
+            let (me, interval) = (Arc::downgrade(&server), server.options.poll_interval);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(interval).await;
+                    let Some(server) = me.upgrade() else { break };
+                    server.repository.control().await.poll().await;
+                }
+            });
+        }
         Ok(server)
     }
 
@@ -223,9 +296,217 @@ impl Server {
             .collect())
     }
 
-    /// Every model and version with its state.
-    pub fn repository_index(&self) -> Vec<IndexRow> {
-        self.repository.index()
+    /// Every model and version with its state (`ready_only`: the READY versions).
+    pub fn repository_index(&self, ready_only: bool) -> Vec<IndexRow> {
+        self.repository.index(ready_only)
+    }
+
+    fn check_control(&self, what: &str) -> Result<(), ControlError> {
+        match self.options.control_mode {
+            ControlMode::Explicit => Ok(()),
+            ControlMode::None => Err(ControlError::NotAllowed(format!(
+                "failed to {what}: explicit model load / unload is not allowed with --model-control-mode none"
+            ))),
+            ControlMode::Poll => Err(ControlError::NotAllowed(format!(
+                "failed to {what}: explicit model load / unload is not allowed if polling is enabled"
+            ))),
+        }
+    }
+
+    /// Loads or reloads a model (Triton's `POST /v2/repository/models/{m}/load`). With `files`,
+    /// it is a deployment: validated, written durably to the store, loaded beside the serving
+    /// version, and swapped in; the answer comes only after all of that.
+    pub async fn load_model(
+        &self,
+        name: &str,
+        request: LoadRequest,
+    ) -> Result<Deployed, ControlError> {
+        self.check_control(&format!("load '{name}'"))?;
+        check_model_name(name)?;
+        let config = request
+            .config
+            .as_deref()
+            .map(|json| {
+                let mut config = crate::config::from_json(json)
+                    .map_err(|e| ControlError::Invalid(format!("failed to load '{name}': {e}")))?;
+                if config.name.is_empty() {
+                    config.name = name.to_owned();
+                } else if config.name != name {
+                    return Err(ControlError::Invalid(format!(
+                        "failed to load '{name}': the config names the model '{}'",
+                        config.name
+                    )));
+                }
+                Ok(config)
+            })
+            .transpose()?;
+        if request.files.is_empty() {
+            let control = self.repository.control().await;
+            let outcome = control.load(name, config).await?;
+            if let (Some(store), Some(Origin::Store { revision })) =
+                (self.repository.store(), self.repository.origin(name))
+            {
+                store.set_loaded(name, true)?;
+                return Ok(Deployed {
+                    outcome,
+                    revision: Some(revision),
+                });
+            }
+            return Ok(Deployed {
+                outcome,
+                revision: None,
+            });
+        }
+        let config = config.ok_or_else(|| {
+            ControlError::Invalid(format!(
+                "failed to load '{name}': model files need the 'config' parameter too (as in Triton)"
+            ))
+        })?;
+        let store = self.repository.store().cloned().ok_or_else(|| {
+            ControlError::NotAllowed(format!(
+                "failed to load '{name}': this server runs without a deployment store (--store)"
+            ))
+        })?;
+        let files = self.check_files(name, request.files)?;
+        let text = crate::config::to_text(&config);
+        let control = self.repository.control().await;
+        let (stage_store, stage_name) = (store.clone(), name.to_owned());
+        let (revision, dir) = tokio::task::spawn_blocking(move || {
+            let staged = stage_store.stage(&stage_name, &text, &files)?;
+            stage_store.commit(staged)
+        })
+        .await
+        .map_err(|e| ControlError::Internal(e.to_string()))??;
+        let source = ModelSource {
+            dir,
+            origin: Origin::Store { revision },
+            config_override: None,
+        };
+        self.swap_in(&control, &store, name, source, revision, None)
+            .await
+    }
+
+    /// Builds a store revision beside what serves, records it as current, then swaps it in.
+    /// `sha256`: the revision's hash when it is already in the manifest (a rollback).
+    async fn swap_in(
+        &self,
+        control: &crate::repository::Control<'_>,
+        store: &Store,
+        name: &str,
+        source: ModelSource,
+        revision: u64,
+        sha256: Option<String>,
+    ) -> Result<Deployed, ControlError> {
+        let rollback = sha256.is_some();
+        let built = match control.build(name, source).await {
+            Ok(built) => built,
+            Err(e) => {
+                if !rollback {
+                    store.discard(name, revision);
+                }
+                return Err(e);
+            }
+        };
+        let Some(candidate) = built else {
+            if !rollback {
+                store.discard(name, revision);
+            }
+            return Ok(Deployed {
+                outcome: LoadOutcome::Unchanged,
+                revision: None,
+            });
+        };
+        if !candidate.failures().is_empty() {
+            let result = control.publish(candidate).await;
+            if !rollback {
+                store.discard(name, revision);
+            }
+            return Err(result
+                .err()
+                .unwrap_or_else(|| ControlError::Internal(format!("failed to load '{name}'"))));
+        }
+        // Durable before it serves: a crash from here on restarts with this revision.
+        let hash = sha256.unwrap_or_else(|| candidate.fingerprint().sha256_hex());
+        if let Err(e) = store.publish(name, revision, &hash) {
+            if !rollback {
+                store.discard(name, revision);
+            }
+            return Err(e.into());
+        }
+        control.publish(candidate).await?;
+        tracing::info!(model = name, revision, "deployed");
+        Ok(Deployed {
+            outcome: LoadOutcome::Loaded,
+            revision: Some(revision),
+        })
+    }
+
+    /// Checks the paths and the total size of a deployment's files.
+    fn check_files(
+        &self,
+        name: &str,
+        files: Vec<(String, Bytes)>,
+    ) -> Result<Vec<(PathBuf, Bytes)>, ControlError> {
+        let total: usize = files.iter().map(|(_, b)| b.len()).sum();
+        let limit = self.options.max_deployment_bytes;
+        if total > limit {
+            return Err(ControlError::TooLarge(format!(
+                "failed to load '{name}': the files total {total} bytes, over the limit of {limit} (--max-deployment-bytes)"
+            )));
+        }
+        let mut checked = Vec::with_capacity(files.len());
+        for (path, bytes) in files {
+            let relative = check_relative_path(&path)?;
+            if relative == std::path::Path::new("config.pbtxt") {
+                return Err(ControlError::Invalid(format!(
+                    "failed to load '{name}': give the configuration in the 'config' parameter, not as file:config.pbtxt"
+                )));
+            }
+            if relative.extension().is_some_and(|e| e == "wasm") {
+                crate::backend::wasm::check_component_binary(&path, &bytes)
+                    .map_err(|e| ControlError::Invalid(format!("failed to load '{name}': {e}")))?;
+            }
+            checked.push((relative, bytes));
+        }
+        Ok(checked)
+    }
+
+    /// Unloads a model (Triton's `.../unload`); a deployment stays in the store, unloaded, and
+    /// does not load at the next start.
+    pub async fn unload_model(
+        &self,
+        name: &str,
+        unload_dependents: bool,
+    ) -> Result<Vec<String>, ControlError> {
+        self.check_control(&format!("unload '{name}'"))?;
+        let control = self.repository.control().await;
+        let unloaded = control.unload(name, unload_dependents).await?;
+        if let Some(store) = self.repository.store() {
+            for model in &unloaded {
+                if matches!(self.repository.origin(model), Some(Origin::Store { .. })) {
+                    store.set_loaded(model, false)?;
+                }
+            }
+        }
+        Ok(unloaded)
+    }
+
+    /// Serves the deployment's previous revision again.
+    pub async fn rollback(&self, name: &str) -> Result<Deployed, ControlError> {
+        self.check_control(&format!("roll back '{name}'"))?;
+        check_model_name(name)?;
+        let store = self.repository.store().cloned().ok_or_else(|| {
+            ControlError::NotAllowed("this server runs without a deployment store (--store)".into())
+        })?;
+        let control = self.repository.control().await;
+        let (revision, dir, sha256) = store.previous(name)?;
+        let source = ModelSource {
+            dir,
+            origin: Origin::Store { revision },
+            config_override: None,
+        };
+        self.swap_in(&control, &store, name, source, revision, Some(sha256))
+            .await
     }
 
     /// Prometheus text for `/metrics`, with latency summaries when `summaries` is set.
@@ -252,6 +533,11 @@ impl Server {
     /// Readiness, as Triton defines it.
     pub fn ready(&self) -> bool {
         !self.options.strict_readiness || self.repository.all_ready()
+    }
+
+    /// `--max-deployment-bytes`.
+    pub fn max_deployment_bytes(&self) -> usize {
+        self.options.max_deployment_bytes
     }
 
     /// The server-wide limits it runs with.

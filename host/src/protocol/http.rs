@@ -15,7 +15,8 @@ use super::kserve::{decode_request, encode_response};
 use super::status_of;
 use crate::config;
 use crate::infer::{CallContext, ErrorKind, InferError, ParamValue};
-use crate::server::Server;
+use crate::repository::{ControlError, LoadOutcome};
+use crate::server::{Deployed, LoadRequest, Server};
 use crate::signature::TensorSpec;
 
 const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -43,6 +44,12 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
         .route("/v2", get(server_metadata))
         .route("/v2/models/stats", get(all_stats))
         .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/models/{model}/load", post(load_model))
+        .route("/v2/repository/models/{model}/unload", post(unload_model))
+        .route(
+            "/v2/repository/models/{model}/rollback",
+            post(rollback_model),
+        )
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
         .route("/v2/models/{model}/config", get(model_config))
@@ -279,15 +286,31 @@ async fn model_stats_v(
         .map_or_else(|e| error_response(&e), json_ok)
 }
 
-async fn repository_index(State(s): State<AppState>) -> Response {
+/// `POST /v2/repository/index`, body `{"ready": true}` optional.
+async fn repository_index(State(s): State<AppState>, body: Bytes) -> Response {
+    let ready_only = if body.iter().all(u8::is_ascii_whitespace) {
+        false
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(o)) => o.get("ready").and_then(Value::as_bool).unwrap_or(false),
+            _ => {
+                return error_response(&InferError::invalid(
+                    "the index request body must be a JSON object, e.g. {\"ready\": true}",
+                ));
+            }
+        }
+    };
     let rows: Vec<Value> = s
         .server
-        .repository_index()
+        .repository_index(ready_only)
         .into_iter()
         .map(|r| {
-            let mut row = json!({ "name": r.name, "state": r.state.as_str() });
+            let mut row = json!({ "name": r.name });
             if !r.version.is_empty() {
                 row["version"] = Value::from(r.version);
+            }
+            if let Some(state) = r.state {
+                row["state"] = Value::from(state.as_str());
             }
             if !r.reason.is_empty() {
                 row["reason"] = Value::from(r.reason);
@@ -296,6 +319,130 @@ async fn repository_index(State(s): State<AppState>) -> Response {
         })
         .collect();
     json_ok(Value::Array(rows))
+}
+
+/// A model-control error, with the status Triton uses (400 for most) or a more precise one.
+fn control_error(e: &ControlError) -> Response {
+    let status = match e {
+        ControlError::NotFound(_) => StatusCode::NOT_FOUND,
+        ControlError::Invalid(_) | ControlError::NotAllowed(_) => StatusCode::BAD_REQUEST,
+        ControlError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        ControlError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, axum::Json(json!({ "error": e.to_string() }))).into_response()
+}
+
+/// The `parameters` object of a repository request body (empty body: none).
+fn control_parameters(body: &[u8]) -> Result<serde_json::Map<String, Value>, ControlError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Map::new());
+    }
+    let invalid = ControlError::Invalid;
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(mut o)) => match o.remove("parameters") {
+            None | Some(Value::Null) => Ok(serde_json::Map::new()),
+            Some(Value::Object(p)) => Ok(p),
+            Some(_) => Err(invalid("'parameters' must be a JSON object".into())),
+        },
+        Ok(_) => Err(invalid("the request body must be a JSON object".into())),
+        Err(e) => Err(invalid(format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+/// `POST /v2/repository/models/{m}/load`: `config` (a JSON string) and `file:<path>` (base64)
+/// parameters, as Triton takes them.
+async fn load_model(State(s): State<AppState>, Path(model): Path<String>, body: Body) -> Response {
+    use base64::Engine as _;
+    // Base64 is 4/3 of the files, plus the config and the JSON around them.
+    let limit = s
+        .server
+        .max_deployment_bytes()
+        .saturating_mul(4)
+        .div_ceil(3)
+        .saturating_add(1 << 20);
+    let body = match read_body(body, limit, "--max-deployment-bytes").await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parameters = match control_parameters(&body) {
+        Ok(p) => p,
+        Err(e) => return control_error(&e),
+    };
+    let mut request = LoadRequest::default();
+    for (key, value) in parameters {
+        let invalid = |m: String| control_error(&ControlError::Invalid(m));
+        if key == "config" {
+            match value {
+                Value::String(text) => request.config = Some(text),
+                _ => return invalid("the 'config' parameter must be a string of JSON".into()),
+            }
+        } else if let Some(path) = key.strip_prefix("file:") {
+            let Value::String(encoded) = value else {
+                return invalid(format!("the '{key}' parameter must be a base64 string"));
+            };
+            match base64::engine::general_purpose::STANDARD.decode(encoded.as_bytes()) {
+                Ok(bytes) => request.files.push((path.to_owned(), Bytes::from(bytes))),
+                Err(e) => {
+                    return invalid(format!("the '{key}' parameter is not valid base64: {e}"));
+                }
+            }
+        } else {
+            return invalid(format!(
+                "unknown load parameter '{key}' (expected 'config' or 'file:<path>')"
+            ));
+        }
+    }
+    match s.server.load_model(&model, request).await {
+        Ok(d) => json_ok(deployed_json(&model, &d)),
+        Err(e) => control_error(&e),
+    }
+}
+
+fn deployed_json(model: &str, d: &Deployed) -> Value {
+    let mut v = json!({
+        "model": model,
+        "outcome": match d.outcome {
+            LoadOutcome::Loaded => "loaded",
+            LoadOutcome::Unchanged => "unchanged",
+        },
+    });
+    if let Some(r) = d.revision {
+        v["revision"] = Value::from(r);
+    }
+    v
+}
+
+/// `POST /v2/repository/models/{m}/unload`, with the `unload_dependents` parameter.
+async fn unload_model(
+    State(s): State<AppState>,
+    Path(model): Path<String>,
+    body: Bytes,
+) -> Response {
+    let parameters = match control_parameters(&body) {
+        Ok(p) => p,
+        Err(e) => return control_error(&e),
+    };
+    let dependents = match parameters.get("unload_dependents") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return control_error(&ControlError::Invalid(
+                "'unload_dependents' must be true or false".into(),
+            ));
+        }
+    };
+    match s.server.unload_model(&model, dependents).await {
+        Ok(unloaded) => json_ok(json!({ "model": model, "unloaded": unloaded })),
+        Err(e) => control_error(&e),
+    }
+}
+
+/// `POST /v2/repository/models/{m}/rollback` (tessera): serve the previous deployed revision.
+async fn rollback_model(State(s): State<AppState>, Path(model): Path<String>) -> Response {
+    match s.server.rollback(&model).await {
+        Ok(d) => json_ok(deployed_json(&model, &d)),
+        Err(e) => control_error(&e),
+    }
 }
 
 async fn infer(
@@ -319,14 +466,14 @@ async fn infer_v(
     }
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
+async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Response> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let too_large = std::error::Error::source(&e)
             .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
         if too_large {
             (
                 StatusCode::PAYLOAD_TOO_LARGE,
-                axum::Json(json!({ "error": format!("request body exceeds the limit of {limit} bytes (--http-max-input-size)") })),
+                axum::Json(json!({ "error": format!("request body exceeds the limit of {limit} bytes ({flag})") })),
             )
                 .into_response()
         } else {
@@ -342,7 +489,7 @@ async fn run_infer(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(body, s.max_body).await {
+    let body = match read_body(body, s.max_body, "--http-max-input-size").await {
         Ok(b) => b,
         Err(response) => return response,
     };

@@ -1,0 +1,198 @@
+//! The client commands of `tessera` (`deploy`, `models`, `rollback`, `unload`): thin wrappers
+//! over the HTTP repository API, so that anything they do can be scripted with curl too.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use crate::config;
+
+fn client() -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .build()
+        .context("cannot create an HTTP client")
+}
+
+fn url(server: &str, path: &str) -> String {
+    format!("{}{path}", server.trim_end_matches('/'))
+}
+
+/// Sends a POST with a JSON body; an error answer becomes an error with the server's message.
+async fn post(server: &str, path: &str, body: Value) -> anyhow::Result<Value> {
+    let response = client()?
+        .post(url(server, path))
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the server at {server}"))?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or(text);
+        bail!("{message} (HTTP {status})");
+    }
+    Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Every file of a model directory but its `config.pbtxt`, by relative path.
+fn model_files(dir: &Path) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> anyhow::Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                walk(root, &path, out)?;
+            } else {
+                let relative = path
+                    .strip_prefix(root)
+                    .context("a file outside the model directory")?
+                    .to_str()
+                    .with_context(|| format!("{} is not a UTF-8 path", path.display()))?
+                    .to_owned();
+                if relative != "config.pbtxt" {
+                    out.push((relative, path));
+                }
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, dir, &mut files)?;
+    Ok(files)
+}
+
+/// `tessera deploy DIR`.
+pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Result<()> {
+    let mut config = config::read(&dir.join("config.pbtxt"))?;
+    let name = match name {
+        Some(n) => n.to_owned(),
+        None if !config.name.is_empty() => config.name.clone(),
+        None => dir
+            .canonicalize()
+            .ok()
+            .and_then(|d| d.file_name()?.to_str().map(str::to_owned))
+            .context("cannot tell the model name: pass --name")?,
+    };
+    config.name.clone_from(&name);
+    let mut parameters = serde_json::Map::new();
+    parameters.insert(
+        "config".into(),
+        Value::String(config::to_json(&config).to_string()),
+    );
+    let mut total = 0usize;
+    for (relative, path) in model_files(dir)? {
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        total += bytes.len();
+        parameters.insert(
+            format!("file:{relative}"),
+            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
+        );
+    }
+    let started = Instant::now();
+    let answer = post(
+        server,
+        &format!("/v2/repository/models/{name}/load"),
+        json!({ "parameters": parameters }),
+    )
+    .await
+    .with_context(|| format!("deploying '{name}' failed"))?;
+    let ready = client()?
+        .get(url(server, &format!("/v2/models/{name}/ready")))
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the server at {server}"))?;
+    if !ready.status().is_success() {
+        bail!(
+            "'{name}' was deployed but is not ready (HTTP {})",
+            ready.status()
+        );
+    }
+    let outcome = answer
+        .get("outcome")
+        .and_then(Value::as_str)
+        .unwrap_or("loaded");
+    let revision = answer
+        .get("revision")
+        .and_then(Value::as_u64)
+        .map_or(String::new(), |r| format!(" revision {r}"));
+    println!(
+        "{name}{revision}: {outcome}, {total} bytes, READY in {} ms",
+        started.elapsed().as_millis()
+    );
+    println!(
+        "  POST {}",
+        url(server, &format!("/v2/models/{name}/infer"))
+    );
+    Ok(())
+}
+
+/// `tessera models`.
+pub async fn models(server: &str) -> anyhow::Result<()> {
+    let rows = post(server, "/v2/repository/index", json!({})).await?;
+    println!("{:<32} {:>8}  {:<12} REASON", "MODEL", "VERSION", "STATE");
+    for row in rows.as_array().into_iter().flatten() {
+        let field = |k: &str| row.get(k).and_then(Value::as_str).unwrap_or("");
+        println!(
+            "{:<32} {:>8}  {:<12} {}",
+            field("name"),
+            field("version"),
+            if field("state").is_empty() {
+                "-"
+            } else {
+                field("state")
+            },
+            field("reason")
+        );
+    }
+    Ok(())
+}
+
+/// `tessera rollback MODEL`.
+pub async fn rollback(server: &str, model: &str) -> anyhow::Result<()> {
+    let answer = post(
+        server,
+        &format!("/v2/repository/models/{model}/rollback"),
+        json!({}),
+    )
+    .await
+    .with_context(|| format!("rolling back '{model}' failed"))?;
+    let revision = answer.get("revision").and_then(Value::as_u64);
+    match revision {
+        Some(r) => println!("{model}: revision {r} serves"),
+        None => println!("{model}: unchanged"),
+    }
+    Ok(())
+}
+
+/// `tessera unload MODEL`.
+pub async fn unload(server: &str, model: &str, unload_dependents: bool) -> anyhow::Result<()> {
+    let answer = post(
+        server,
+        &format!("/v2/repository/models/{model}/unload"),
+        json!({ "parameters": { "unload_dependents": unload_dependents } }),
+    )
+    .await
+    .with_context(|| format!("unloading '{model}' failed"))?;
+    let unloaded: Vec<&str> = answer
+        .get("unloaded")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    println!("unloaded: {}", unloaded.join(", "));
+    Ok(())
+}

@@ -1,0 +1,531 @@
+//! The deployment store: models deployed through the API, kept on disk so that an acknowledged
+//! deployment survives a crash and a restart.
+//!
+//! ```text
+//! <store>/models/<model>/manifest.json   which revision serves, whether it is loaded, history
+//! <store>/models/<model>/<revision>/     a Triton model directory (config.pbtxt, 1/model.wasm…)
+//! <store>/tmp/                           deployments being written; emptied at start
+//! ```
+//!
+//! Crash safety comes from the order of the steps, each made durable before the next:
+//! a deployment is written under `tmp/` and fsynced, renamed to `models/<model>/<revision>/`
+//! (the rename and the directory fsynced), and only then named in the manifest, which is replaced
+//! atomically (temporary file, fsync, rename, fsync of the directory). A revision directory is
+//! immutable once renamed in. On start, `tmp/` is emptied and revision directories the manifest
+//! does not name (a crash between the rename and the manifest) are removed, so after a SIGKILL
+//! at any moment each model is at its previous revision or at the new one, never torn.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// How many revisions of a model are kept (the serving one included), so `rollback` has
+/// somewhere to go without the store growing forever.
+pub const KEPT_REVISIONS: usize = 5;
+
+const MANIFEST: &str = "manifest.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the deployment store at {path} failed: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("model '{0}' has no deployed revision")]
+    NotDeployed(String),
+    #[error("model '{0}' has no earlier revision to roll back to")]
+    NoEarlierRevision(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What the store remembers of one model.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    /// The revision that serves.
+    pub current: u64,
+    /// False after an unload: the model stays deployed but does not load at start.
+    pub loaded: bool,
+    /// Kept revisions, oldest first.
+    pub revisions: Vec<Revision>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Revision {
+    pub revision: u64,
+    /// Content hash of the revision's files, as the repository computes it.
+    pub sha256: String,
+    /// Seconds since the Unix epoch.
+    pub deployed_at: u64,
+}
+
+/// A deployment written under `tmp/`, not yet part of the store; removed when dropped uncommitted.
+pub struct Staged {
+    pub name: String,
+    pub dir: PathBuf,
+    committed: bool,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub struct Store {
+    root: PathBuf,
+    /// Manifests, as on disk. Writers hold the lock across the disk write, so memory and disk
+    /// never disagree.
+    manifests: Mutex<BTreeMap<String, Manifest>>,
+}
+
+/// A model name usable as a directory name and in a URL: 1-128 characters of letters, digits,
+/// `_`, `-` and `.`, not starting with `.`.
+pub fn check_model_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "invalid model name '{}': use 1-128 letters, digits, '_', '-' or '.', not starting with '.'",
+            name.escape_debug()
+        )))
+    }
+}
+
+/// A file path inside a model directory: relative, only normal components, no hidden ones.
+pub fn check_relative_path(path: &str) -> Result<PathBuf, StoreError> {
+    let parsed = Path::new(path);
+    let fine = !path.is_empty()
+        && !path.contains('\\')
+        && parsed.components().all(|c| match c {
+            Component::Normal(part) => part.to_str().is_some_and(|p| !p.starts_with('.')),
+            _ => false,
+        });
+    if fine {
+        Ok(parsed.to_owned())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "invalid file path '{}': a relative path inside the model directory, without '..' or hidden names",
+            path.escape_debug()
+        )))
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` and makes them durable (the directory entry is synced by the caller).
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut file = File::create(path).map_err(io(path))?;
+    file.write_all(bytes).map_err(io(path))?;
+    file.sync_all().map_err(io(path))
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Store {
+    /// Opens (creating it if needed) the store at `root`, and removes what a crash left behind.
+    pub fn open(root: &Path) -> Result<Store, StoreError> {
+        create_private_dir(root)?;
+        let models = root.join("models");
+        let tmp = root.join("tmp");
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        create_private_dir(&tmp)?;
+        create_private_dir(&models)?;
+        let mut manifests = BTreeMap::new();
+        for entry in fs::read_dir(&models).map_err(io(&models))? {
+            let entry = entry.map_err(io(&models))?;
+            let dir = entry.path();
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if check_model_name(&name).is_err() || !dir.is_dir() {
+                continue;
+            }
+            let manifest_path = dir.join(MANIFEST);
+            let manifest: Option<Manifest> = match fs::read(&manifest_path) {
+                Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
+                    StoreError::Invalid(format!("{}: {e}", manifest_path.display()))
+                })?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(io(&manifest_path)(e)),
+            };
+            // Revisions the manifest does not name never were acknowledged.
+            for child in fs::read_dir(&dir).map_err(io(&dir))? {
+                let child = child.map_err(io(&dir))?;
+                let named = child
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .is_some_and(|r| {
+                        manifest
+                            .as_ref()
+                            .is_some_and(|m| m.revisions.iter().any(|x| x.revision == r))
+                    });
+                if !named && child.file_name() != MANIFEST {
+                    let path = child.path();
+                    tracing::info!(model = %name, "removing {} (a deployment that was not completed)", path.display());
+                    if path.is_dir() {
+                        fs::remove_dir_all(&path).map_err(io(&path))?;
+                    } else {
+                        fs::remove_file(&path).map_err(io(&path))?;
+                    }
+                }
+            }
+            match manifest {
+                Some(m) => {
+                    manifests.insert(name, m);
+                }
+                None => {
+                    fs::remove_dir_all(&dir).map_err(io(&dir))?;
+                }
+            }
+        }
+        sync_dir(&models)?;
+        Ok(Store {
+            root: root.to_owned(),
+            manifests: Mutex::new(manifests),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn manifests(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Manifest>> {
+        self.manifests.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn model_dir(&self, name: &str) -> PathBuf {
+        self.root.join("models").join(name)
+    }
+
+    /// Every deployed model with its manifest.
+    pub fn deployed(&self) -> BTreeMap<String, Manifest> {
+        self.manifests().clone()
+    }
+
+    pub fn manifest(&self, name: &str) -> Option<Manifest> {
+        self.manifests().get(name).cloned()
+    }
+
+    /// The directory of the revision that serves `name`.
+    pub fn current_dir(&self, name: &str) -> Option<(PathBuf, u64)> {
+        let manifests = self.manifests();
+        let m = manifests.get(name)?;
+        Some((self.revision_dir(name, m.current), m.current))
+    }
+
+    pub fn revision_dir(&self, name: &str, revision: u64) -> PathBuf {
+        self.model_dir(name).join(revision.to_string())
+    }
+
+    /// Writes a model directory (`config.pbtxt` and `files`, paths already checked) under `tmp/`,
+    /// durably. Nothing of it is visible until [`Store::commit`].
+    pub fn stage(
+        &self,
+        name: &str,
+        config_text: &str,
+        files: &[(PathBuf, bytes::Bytes)],
+    ) -> Result<Staged, StoreError> {
+        check_model_name(name)?;
+        let nonce: u64 = rand_nonce();
+        let dir = self.root.join("tmp").join(format!("{name}.{nonce:016x}"));
+        let staged = Staged {
+            name: name.to_owned(),
+            dir: dir.clone(),
+            committed: false,
+        };
+        fs::create_dir(&dir).map_err(io(&dir))?;
+        write_durably(&dir.join("config.pbtxt"), config_text.as_bytes())?;
+        let mut dirs = vec![dir.clone()];
+        for (relative, bytes) in files {
+            let path = dir.join(relative);
+            if let Some(parent) = path.parent()
+                && !parent.exists()
+            {
+                fs::create_dir_all(parent).map_err(io(parent))?;
+                let mut at = parent.to_owned();
+                while at != dir {
+                    dirs.push(at.clone());
+                    at.pop();
+                }
+            }
+            write_durably(&path, bytes)?;
+        }
+        dirs.sort();
+        dirs.dedup();
+        for d in dirs.iter().rev() {
+            sync_dir(d)?;
+        }
+        Ok(staged)
+    }
+
+    /// Moves a staged deployment into the store as the model's next revision, durably; the
+    /// manifest does not name it yet ([`Store::publish`] does), so a crash now forgets it.
+    pub fn commit(&self, mut staged: Staged) -> Result<(u64, PathBuf), StoreError> {
+        let model_dir = self.model_dir(&staged.name);
+        let fresh = !model_dir.exists();
+        fs::create_dir_all(&model_dir).map_err(io(&model_dir))?;
+        if fresh {
+            sync_dir(&self.root.join("models"))?;
+        }
+        let next = {
+            let manifests = self.manifests();
+            let in_manifest = manifests
+                .get(&staged.name)
+                .and_then(|m| m.revisions.iter().map(|r| r.revision).max())
+                .unwrap_or(0);
+            // Past every revision on disk too: one committed but not yet published is still
+            // loading.
+            let on_disk = fs::read_dir(&model_dir)
+                .map_err(io(&model_dir))?
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+                .max()
+                .unwrap_or(0);
+            in_manifest.max(on_disk) + 1
+        };
+        let target = model_dir.join(next.to_string());
+        fs::rename(&staged.dir, &target).map_err(io(&target))?;
+        staged.committed = true;
+        sync_dir(&model_dir)?;
+        sync_dir(&self.root.join("tmp"))?;
+        Ok((next, target))
+    }
+
+    /// Makes `revision` the one that serves `name` (durably), and forgets revisions beyond
+    /// [`KEPT_REVISIONS`].
+    pub fn publish(&self, name: &str, revision: u64, sha256: &str) -> Result<(), StoreError> {
+        let mut manifests = self.manifests();
+        let mut manifest = manifests.get(name).cloned().unwrap_or_default();
+        if !manifest.revisions.iter().any(|r| r.revision == revision) {
+            manifest.revisions.push(Revision {
+                revision,
+                sha256: sha256.to_owned(),
+                deployed_at: now_unix(),
+            });
+        }
+        manifest.current = revision;
+        manifest.loaded = true;
+        let mut dropped = Vec::new();
+        while manifest.revisions.len() > KEPT_REVISIONS {
+            let Some(oldest) = manifest
+                .revisions
+                .iter()
+                .position(|r| r.revision != manifest.current)
+            else {
+                break;
+            };
+            dropped.push(manifest.revisions.remove(oldest).revision);
+        }
+        self.write_manifest(name, &manifest)?;
+        manifests.insert(name.to_owned(), manifest);
+        drop(manifests);
+        // Removed after the manifest no longer names them; a crash in between leaves directories
+        // that the next start removes.
+        for revision in dropped {
+            let dir = self.revision_dir(name, revision);
+            if let Err(e) = fs::remove_dir_all(&dir) {
+                tracing::warn!(
+                    model = name,
+                    "cannot remove old revision {}: {e}",
+                    dir.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Records whether `name` loads at start.
+    pub fn set_loaded(&self, name: &str, loaded: bool) -> Result<(), StoreError> {
+        let mut manifests = self.manifests();
+        let Some(manifest) = manifests.get(name) else {
+            return Ok(());
+        };
+        if manifest.loaded == loaded {
+            return Ok(());
+        }
+        let mut manifest = manifest.clone();
+        manifest.loaded = loaded;
+        self.write_manifest(name, &manifest)?;
+        manifests.insert(name.to_owned(), manifest);
+        Ok(())
+    }
+
+    /// The revision before the serving one.
+    pub fn previous(&self, name: &str) -> Result<(u64, PathBuf, String), StoreError> {
+        let manifests = self.manifests();
+        let manifest = manifests
+            .get(name)
+            .ok_or_else(|| StoreError::NotDeployed(name.to_owned()))?;
+        let previous = manifest
+            .revisions
+            .iter()
+            .filter(|r| r.revision < manifest.current)
+            .max_by_key(|r| r.revision)
+            .ok_or_else(|| StoreError::NoEarlierRevision(name.to_owned()))?;
+        Ok((
+            previous.revision,
+            self.revision_dir(name, previous.revision),
+            previous.sha256.clone(),
+        ))
+    }
+
+    /// Removes a committed revision that never served (its load failed).
+    pub fn discard(&self, name: &str, revision: u64) {
+        let named = self
+            .manifests()
+            .get(name)
+            .is_some_and(|m| m.revisions.iter().any(|r| r.revision == revision));
+        if named {
+            return;
+        }
+        let dir = self.revision_dir(name, revision);
+        if let Err(e) = fs::remove_dir_all(&dir) {
+            tracing::warn!(model = name, "cannot remove {}: {e}", dir.display());
+        }
+        let model_dir = self.model_dir(name);
+        if !self.manifests().contains_key(name) {
+            let _ = fs::remove_dir(&model_dir);
+        }
+    }
+
+    fn write_manifest(&self, name: &str, manifest: &Manifest) -> Result<(), StoreError> {
+        let dir = self.model_dir(name);
+        let tmp = dir.join(format!(".{MANIFEST}.tmp"));
+        let bytes = serde_json::to_vec_pretty(manifest)
+            .map_err(|e| StoreError::Invalid(format!("manifest of '{name}': {e}")))?;
+        write_durably(&tmp, &bytes)?;
+        let path = dir.join(MANIFEST);
+        fs::rename(&tmp, &path).map_err(io(&path))?;
+        sync_dir(&dir)
+    }
+}
+
+/// A name for a staging directory that no other deployment in flight uses.
+fn rand_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tessera-store-{tag}-{:x}", rand_nonce()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn names_and_paths_are_checked() {
+        for bad in ["", ".hidden", "a/b", "..", "a b", "x\n", &"n".repeat(129)] {
+            assert!(check_model_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["add_sub", "m-1.v2", "A"] {
+            assert!(check_model_name(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "1/../../x",
+            "1/.git",
+            "a\\b",
+            "./1/x",
+        ] {
+            assert!(check_relative_path(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_relative_path("1/model.wasm").is_ok());
+    }
+
+    #[test]
+    fn deploy_publish_rollback_and_recover() {
+        let root = scratch("cycle");
+        let store = Store::open(&root).expect("opens");
+        let files = [(
+            PathBuf::from("1/model.wasm"),
+            bytes::Bytes::from_static(b"v1"),
+        )];
+        let staged = store.stage("m", "name: \"m\"", &files).expect("stages");
+        let (r1, dir1) = store.commit(staged).expect("commits");
+        assert_eq!(fs::read(dir1.join("1/model.wasm")).expect("written"), b"v1");
+        store.publish("m", r1, "h1").expect("publishes");
+        for n in 2..=7u8 {
+            let files = [(PathBuf::from("1/model.wasm"), bytes::Bytes::from(vec![n]))];
+            let (r, _) = store
+                .commit(store.stage("m", "", &files).expect("stages"))
+                .expect("commits");
+            store.publish("m", r, &format!("h{n}")).expect("publishes");
+        }
+        let m = store.manifest("m").expect("deployed");
+        assert_eq!(m.current, 7);
+        assert_eq!(m.revisions.len(), KEPT_REVISIONS);
+        assert!(!store.revision_dir("m", 1).exists(), "old revisions go");
+        assert_eq!(store.previous("m").expect("has one").0, 6);
+
+        // A crash after a commit, before publish: the next start forgets it, and empties tmp.
+        let (_, orphan_dir) = store
+            .commit(store.stage("m", "", &[]).expect("stages"))
+            .expect("commits");
+        let half = store.stage("m", "", &[]).expect("stages");
+        std::mem::forget(half);
+        drop(store);
+        let store = Store::open(&root).expect("reopens");
+        assert!(!orphan_dir.exists());
+        assert_eq!(
+            fs::read_dir(root.join("tmp")).expect("tmp").count(),
+            0,
+            "tmp is emptied"
+        );
+        assert_eq!(store.manifest("m").expect("kept").current, 7);
+        let (next, _) = store
+            .commit(store.stage("m", "", &[]).expect("stages"))
+            .expect("commits");
+        assert_eq!(next, 8, "after the newest published revision");
+        fs::remove_dir_all(&root).expect("cleans up");
+    }
+}
