@@ -101,6 +101,10 @@ impl TestServer {
                 spare_port
             }
         };
+        // Deployments go to a store of this test's own, never to the user's.
+        if !extra.contains(&"--store") {
+            cmd.arg("--store").arg(temp_dir("store"));
+        }
         with_ort(&mut cmd)
             .arg("--wasm-cache-dir")
             .arg(cache)
@@ -239,6 +243,34 @@ impl TestServer {
             &json!({ "inputs": inputs }),
         )
         .await
+    }
+
+    /// Deploys a model through Triton's `load` with `config` (JSON) and `file:<path>` contents.
+    pub async fn deploy(
+        &self,
+        name: &str,
+        config: &Value,
+        files: &[(&str, &[u8])],
+    ) -> (u16, Value) {
+        use base64::Engine as _;
+        let mut parameters = serde_json::Map::new();
+        parameters.insert("config".into(), Value::String(config.to_string()));
+        for (path, bytes) in files {
+            parameters.insert(
+                format!("file:{path}"),
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
+            );
+        }
+        self.post_json(
+            &format!("/v2/repository/models/{name}/load"),
+            &json!({ "parameters": parameters }),
+        )
+        .await
+    }
+
+    /// The process id, to signal it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The state of each model version, from the repository index.

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `tessera` binary, real ONNX Runtime, real Wasm components built
 //! from `examples/` and `tests/guests/`, over real HTTP on loopback.
 
+mod deployment;
 mod harness;
 mod hostile_requests;
 mod http_protocol;

@@ -125,9 +125,7 @@ def server():
         yield srv
         return
 
-    bin_path = Path(os.environ.get("TESSERA_BIN", "target/debug/tessera"))
-    if not bin_path.is_absolute():
-        bin_path = REPO_ROOT / bin_path
+    bin_path = binary()
     if not (bin_path.is_file() and os.access(bin_path, os.X_OK)):
         pytest.fail(f"tessera binary not found or not executable: {bin_path} "
                     "(build it with `cargo build`, or set TESSERA_BIN)", pytrace=False)
@@ -142,43 +140,71 @@ def server():
             pytest.fail(f"{MODEL_REPOSITORY / needed}/1/model.onnx missing; "
                         "run: .venv/bin/python scripts/gen_models.py", pytrace=False)
 
+    srv, proc, log = launch(bin_path, ["--model-repository", "model_repository"])
+    _SERVER_LOG = log
+    try:
+        yield srv
+    finally:
+        _stop(proc)
+
+
+def binary() -> Path:
+    """The tessera binary the tests run (TESSERA_BIN)."""
+    bin_path = Path(os.environ.get("TESSERA_BIN", "target/debug/tessera"))
+    return bin_path if bin_path.is_absolute() else REPO_ROOT / bin_path
+
+
+def launch(bin_path: Path, args: list[str], ready_path: str = "/v2/health/ready"):
+    """Starts tessera with `args` on free loopback ports and a store of its own (in its log
+    directory) and waits until `ready_path` answers 200. Returns (Server, process, stderr log);
+    the caller stops it with `stop`."""
     http_port, grpc_port, metrics_port = _free_ports(3)
     log_dir = Path(tempfile.mkdtemp(prefix="tessera-pytest-"))
-    _SERVER_LOG = log_dir / "server.stderr"
+    log = log_dir / "server.stderr"
     cmd = [
         str(bin_path),
-        "--model-repository", "model_repository",
+        *args,
         "--http-port", str(http_port),
         "--grpc-port", str(grpc_port),
         "--metrics-port", str(metrics_port),
         "--http-address", "127.0.0.1",
     ]
-    with open(log_dir / "server.stdout", "wb") as out, open(_SERVER_LOG, "wb") as err:
+    if "--store" not in args:
+        cmd += ["--store", str(log_dir / "store")]
+    with open(log_dir / "server.stdout", "wb") as out, open(log, "wb") as err:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err)
     srv = Server("127.0.0.1", http_port, grpc_port, metrics_port, proc)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tessera exited with status {proc.returncode} before becoming ready\n"
-                            f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(_SERVER_LOG)}",
-                            pytrace=False)
-            if _ready(srv.host, http_port):
-                break
-            if time.monotonic() > deadline:
-                missing = [m for m in ("text_orientation", "minilm")
-                           if (MODEL_REPOSITORY / m / "config.pbtxt").is_file()
-                           and not (MODEL_REPOSITORY / m / "1" / "model.onnx").is_file()]
-                hint = (f"\nnote: {', '.join(missing)} ha{'s' if len(missing) == 1 else 've'} a config "
-                        "but no model.onnx (run scripts/fetch_models.sh)" if missing else "")
-                pytest.fail(f"tessera not ready after {READY_TIMEOUT_S:.0f} s{hint}\n"
-                            f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(_SERVER_LOG)}",
-                            pytrace=False)
-            time.sleep(0.1)
-        yield srv
-    finally:
-        _stop(proc)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"tessera exited with status {proc.returncode} before becoming ready\n"
+                        f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(log)}",
+                        pytrace=False)
+        try:
+            status = srv.request("GET", ready_path, timeout=2)[0]
+        except OSError:
+            status = 0
+        if status == 200:
+            return srv, proc, log
+        if time.monotonic() > deadline:
+            _stop(proc)
+            missing = [m for m in ("text_orientation", "minilm")
+                       if (MODEL_REPOSITORY / m / "config.pbtxt").is_file()
+                       and not (MODEL_REPOSITORY / m / "1" / "model.onnx").is_file()]
+            hint = (f"\nnote: {', '.join(missing)} ha{'s' if len(missing) == 1 else 've'} a config "
+                    "but no model.onnx (run scripts/fetch_models.sh)" if missing else "")
+            pytest.fail(f"tessera not ready after {READY_TIMEOUT_S:.0f} s{hint}\n"
+                        f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(log)}",
+                        pytrace=False)
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen, log: Path, keep: bool = False) -> None:
+    """Stops a server from `launch` and removes its directory unless `keep` (a failed test)."""
+    _stop(proc)
+    if not keep:
+        shutil.rmtree(log.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
