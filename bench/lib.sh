@@ -124,7 +124,7 @@ start_tessera() {
   for p in "$T_HTTP" "$T_GRPC" "$T_METRICS"; do
     port_in_use "$p" && die "port $p is already in use (tessera's; set T_HTTP/T_GRPC/T_METRICS)"
   done
-  "$TESSERA_BIN" --model-repository "$repo" \
+  "$TESSERA_BIN" --model-repository "$repo" --store "$RESULTS/store" \
     --http-address 127.0.0.1 --http-port "$T_HTTP" --grpc-port "$T_GRPC" --metrics-port "$T_METRICS" \
     > "$RESULTS/$logname.log" 2>&1 &
   TESSERA_PID=$!

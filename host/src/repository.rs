@@ -238,8 +238,10 @@ pub struct Repository {
     table: ArcSwap<ModelTable>,
     /// Serializes the writers, so no change is lost between copying the table and swapping it.
     writer: Mutex<()>,
-    /// One model-control change at a time (loads take long; requests never wait on this).
-    control: tokio::sync::Mutex<()>,
+    /// One model-control change at a time (loads take long; requests never wait on this). It
+    /// guards the fingerprints of changes that polling found and could not load, so a broken
+    /// file is tried again only once it changes, not at every poll.
+    control: tokio::sync::Mutex<HashMap<String, Fingerprint>>,
     /// What loads a model of each kind.
     backends: Backends,
     /// Shared by every instance that names rate-limiter resources.
@@ -271,7 +273,7 @@ impl Repository {
             store,
             table: ArcSwap::from_pointee(ModelTable::new()),
             writer: Mutex::new(()),
-            control: tokio::sync::Mutex::new(()),
+            control: tokio::sync::Mutex::new(HashMap::new()),
             backends,
             limiter,
             inference,
@@ -300,7 +302,7 @@ impl Repository {
     pub async fn control(&self) -> Control<'_> {
         Control {
             repo: self,
-            _lock: self.control.lock().await,
+            poll_failures: self.control.lock().await,
         }
     }
 
@@ -559,7 +561,7 @@ fn dependencies(config: &ModelConfig) -> Vec<String> {
 /// Holds the model-control lock; every change to what is loaded goes through here.
 pub struct Control<'r> {
     repo: &'r Repository,
-    _lock: tokio::sync::MutexGuard<'r, ()>,
+    poll_failures: tokio::sync::MutexGuard<'r, HashMap<String, Fingerprint>>,
 }
 
 /// How a load treats what it finds.
@@ -605,8 +607,9 @@ impl Control<'_> {
         names.dedup();
         for name in names {
             let loaded_by_store = store_loaded.contains(&name);
-            // A deployment that was unloaded stays unloaded across restarts.
-            if !loaded_by_store
+            // A deployment that was unloaded stays unloaded across restarts (unless named).
+            if matches!(which, StartupModels::All)
+                && !loaded_by_store
                 && matches!(
                     available.get(&name),
                     Some(ModelSource {
@@ -891,7 +894,7 @@ impl Control<'_> {
 
     /// Poll mode: picks up added, removed and changed models (and versions) in the repository
     /// folders and the store.
-    pub async fn poll(&self) {
+    pub async fn poll(&mut self) {
         let mut available = self.repo.available();
         if let Some(store) = &self.repo.store {
             available.retain(|name, source| {
@@ -923,7 +926,8 @@ impl Control<'_> {
             let same = self.repo.read().get(&name).is_some_and(|e| {
                 now.as_ref() == Some(&e.fingerprint) && e.source.dir == source.dir
             });
-            if same {
+            let failed_before = now.is_some() && self.poll_failures.get(&name) == now.as_ref();
+            if same || failed_before {
                 continue;
             }
             let mode = LoadMode {
@@ -931,11 +935,19 @@ impl Control<'_> {
                 record_failure: true,
                 force: false,
             };
-            if let Err(e) = self
+            match self
                 .load_source(name.clone(), source, mode, Vec::new())
                 .await
             {
-                tracing::error!(model = %name, "{e}");
+                Ok(_) => {
+                    self.poll_failures.remove(&name);
+                }
+                Err(e) => {
+                    tracing::error!(model = %name, "{e}");
+                    if let Some(now) = now {
+                        self.poll_failures.insert(name, now);
+                    }
+                }
             }
         }
     }
