@@ -17,7 +17,14 @@ fn build_guests() {
         .parent()
         .expect("host/ has a parent")
         .to_path_buf();
-    for dir in ["wit", "guest-sdk", "examples", "tests/guests"] {
+    for dir in [
+        "wit",
+        "guest-sdk",
+        "examples",
+        "tests/guests",
+        "functions",
+        "tests/fixtures/functions",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     println!("cargo:rerun-if-env-changed=TESSERA_SKIP_GUESTS");
@@ -29,13 +36,15 @@ fn build_guests() {
         (
             root.join("examples/Cargo.toml"),
             root.join("model_repository"),
+            root.join("functions"),
         ),
         (
             root.join("tests/guests/Cargo.toml"),
             root.join("tests/fixtures/model_repository"),
+            root.join("tests/fixtures/functions"),
         ),
     ];
-    for (manifest, repository) in guests {
+    for (manifest, repository, functions) in guests {
         if !manifest.exists() {
             continue;
         }
@@ -69,6 +78,42 @@ fn build_guests() {
             );
         }
         install_components(&target_dir.join("wasm32-wasip2/release"), &repository);
+        install_functions(&target_dir.join("wasm32-wasip2/release"), &functions);
+    }
+}
+
+/// Copies `<name>.wasm` to `<functions>/<name>/function.wasm` for each function folder there (or
+/// the component its `function.toml` names with a `# component: <crate>` line).
+fn install_functions(built: &Path, functions: &Path) {
+    let Ok(entries) = std::fs::read_dir(functions) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Some(name) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+            continue;
+        };
+        let manifest = std::fs::read_to_string(dir.join("function.toml")).unwrap_or_default();
+        let crate_name = manifest
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("# component:"))
+            .map_or(name.as_str(), str::trim);
+        copy_if_changed(
+            &built.join(format!("{crate_name}.wasm")),
+            &dir.join("function.wasm"),
+            &name,
+        );
+    }
+}
+
+fn copy_if_changed(component: &Path, dest: &Path, name: &str) {
+    if !component.exists() {
+        println!("cargo:warning=no component built for '{name}'");
+        return;
+    }
+    let fresh = std::fs::read(component).expect("read component");
+    if std::fs::read(dest).ok().as_deref() != Some(fresh.as_slice()) {
+        std::fs::write(dest, fresh).expect("install component");
     }
 }
 
@@ -96,17 +141,12 @@ fn install_components(built: &Path, repository: &Path) {
             .lines()
             .find_map(|l| l.trim().strip_prefix("# component:"))
             .map_or(name.as_str(), str::trim);
-        let component = built.join(format!("{crate_name}.wasm"));
-        if !component.exists() {
-            println!("cargo:warning=no component built for Wasm model '{name}'");
-            continue;
-        }
         let dest_dir = model_dir.join("1");
         std::fs::create_dir_all(&dest_dir).expect("create version folder");
-        let dest = dest_dir.join("model.wasm");
-        let fresh = std::fs::read(&component).expect("read component");
-        if std::fs::read(&dest).ok().as_deref() != Some(fresh.as_slice()) {
-            std::fs::write(&dest, fresh).expect("install component");
-        }
+        copy_if_changed(
+            &built.join(format!("{crate_name}.wasm")),
+            &dest_dir.join("model.wasm"),
+            &name,
+        );
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod functions;
 pub mod limits;
 pub mod metrics;
 pub mod model;

@@ -137,6 +137,10 @@ struct ServeArgs {
     /// In poll mode, seconds between two reads of the repositories.
     #[arg(long, default_value_t = 15)]
     repository_poll_secs: u64,
+    /// A folder of functions, `<dir>/<name>/function.wasm` (+ optional `function.toml`), served at
+    /// `/v1/functions/<name>/`; repeatable.
+    #[arg(long)]
+    functions: Vec<PathBuf>,
     /// Where deployed models are kept (created if missing) [default: ~/.local/share/tessera/store].
     #[arg(long, env = "TESSERA_STORE")]
     store: Option<PathBuf>,
@@ -342,6 +346,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     options.poll_interval = std::time::Duration::from_secs(serve.repository_poll_secs.max(1));
     options.store_dir = serve.store.clone().or_else(default_store_dir);
     options.max_deployment_bytes = serve.max_deployment_bytes;
+    options.function_dirs = serve.functions.clone();
     let server = start_core(&args, options).await?;
     let broken: Vec<_> = server
         .repository_index(false)

@@ -452,7 +452,7 @@ fn model_labels(m: &ModelMetrics<'_>) -> String {
 
 /// A label value in the text format: a `\`, `"` or newline in a model's directory name must not
 /// end the value early and corrupt the whole scrape.
-fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
+pub fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
     if !value.contains(['\\', '"', '\n']) {
         return value.into();
     }

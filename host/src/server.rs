@@ -79,6 +79,19 @@ pub struct ServerOptions {
     pub store_dir: Option<PathBuf>,
     /// `--max-deployment-bytes`: the largest total of files one deployment may carry.
     pub max_deployment_bytes: usize,
+    /// `--functions`: folders of functions (`<dir>/<name>/function.wasm`).
+    pub function_dirs: Vec<PathBuf>,
+}
+
+/// Why a function invocation got no answer from the function.
+#[derive(Debug, thiserror::Error)]
+pub enum FunctionError {
+    #[error("function '{0}' is not found")]
+    NotFound(String),
+    #[error("function '{0}' is not available: {1}")]
+    Unavailable(String, String),
+    #[error(transparent)]
+    Invoke(#[from] crate::backend::wasm::InvokeError),
 }
 
 pub struct Server {
@@ -89,6 +102,7 @@ pub struct Server {
     waits: WaitGraph,
     /// Admission control: one permit per client request in flight (`--max-inflight-requests`).
     inflight: tokio::sync::Semaphore,
+    functions: crate::functions::Functions,
 }
 
 /// The statistics of one model version.
@@ -143,6 +157,7 @@ impl Server {
                 options,
                 wasm,
                 waits: WaitGraph::default(),
+                functions: crate::functions::Functions::default(),
             }
         });
         let startup = match (&server.options.startup_models, server.options.control_mode) {
@@ -158,6 +173,12 @@ impl Server {
             .load_startup(&startup)
             .await
             .map_err(anyhow::Error::msg)?;
+        // Functions call models: they load after them.
+        let inference: Weak<dyn Inference> = Arc::downgrade(&server) as Weak<dyn Inference>;
+        server
+            .functions
+            .load(&server.wasm, &server.options.function_dirs, inference)
+            .await;
         if server.options.control_mode == ControlMode::Poll {
             let (me, interval) = (Arc::downgrade(&server), server.options.poll_interval);
             tokio::spawn(async move {
@@ -522,7 +543,9 @@ impl Server {
                 quantiles: summaries.then(|| m.stats.quantiles()),
             })
             .collect();
-        crate::metrics::render_prometheus(&models, &self.wasm.counters.families())
+        let mut text = crate::metrics::render_prometheus(&models, &self.wasm.counters.families());
+        self.functions.render_metrics(&mut text);
+        text
     }
 
     /// Liveness: the process answers.
@@ -533,6 +556,34 @@ impl Server {
     /// Readiness, as Triton defines it.
     pub fn ready(&self) -> bool {
         !self.options.strict_readiness || self.repository.all_ready()
+    }
+
+    /// Invokes a function with an HTTP request whose URI is what the function sees.
+    pub async fn invoke_function<B>(
+        &self,
+        name: &str,
+        request: http::Request<B>,
+        request_id: u64,
+    ) -> Result<http::Response<crate::backend::wasm::FunctionBody>, FunctionError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        use crate::functions::FunctionEntry;
+        match self.functions.get(name) {
+            None => Err(FunctionError::NotFound(name.to_owned())),
+            Some(FunctionEntry::Failed(reason)) => {
+                Err(FunctionError::Unavailable(name.to_owned(), reason))
+            }
+            Some(FunctionEntry::Ready(function)) => {
+                Ok(function.invoke(request, request_id).await?)
+            }
+        }
+    }
+
+    /// Every function with its state.
+    pub fn functions(&self) -> Vec<(String, Result<(), String>)> {
+        self.functions.list()
     }
 
     /// `--max-deployment-bytes`.

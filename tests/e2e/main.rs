@@ -2,6 +2,7 @@
 //! from `examples/` and `tests/guests/`, over real HTTP on loopback.
 
 mod deployment;
+mod functions;
 mod harness;
 mod hostile_requests;
 mod http_protocol;

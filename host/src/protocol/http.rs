@@ -8,7 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use serde_json::{Value, json};
 
 use super::kserve::{decode_request, encode_response};
@@ -16,7 +16,7 @@ use super::status_of;
 use crate::config;
 use crate::infer::{CallContext, ErrorKind, InferError, ParamValue};
 use crate::repository::{ControlError, LoadOutcome};
-use crate::server::{Deployed, LoadRequest, Server};
+use crate::server::{Deployed, FunctionError, LoadRequest, Server};
 use crate::signature::TensorSpec;
 
 const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -76,9 +76,14 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
         // The infer handler enforces the limit itself, with a KServe error body.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::map_response(kserve_error_body))
-        // Added after the layer, so they keep Triton's bare-status answers.
+        // Added after the layer, so they keep Triton's bare-status answers, and a function's
+        // answers reach its caller as the function wrote them.
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
+        .route("/v1/functions", get(list_functions))
+        .route("/v1/functions/{function}", any(invoke_function_root))
+        .route("/v1/functions/{function}/", any(invoke_function_root))
+        .route("/v1/functions/{function}/{*path}", any(invoke_function))
         .with_state(AppState {
             server,
             max_body,
@@ -319,6 +324,102 @@ async fn repository_index(State(s): State<AppState>, body: Bytes) -> Response {
         })
         .collect();
     json_ok(Value::Array(rows))
+}
+
+/// `GET /v1/functions`: every function with its state.
+async fn list_functions(State(s): State<AppState>) -> Response {
+    let rows: Vec<Value> = s
+        .server
+        .functions()
+        .into_iter()
+        .map(|(name, state)| match state {
+            Ok(()) => {
+                json!({ "name": name, "state": "READY", "url": format!("/v1/functions/{name}/") })
+            }
+            Err(reason) => json!({ "name": name, "state": "UNAVAILABLE", "reason": reason }),
+        })
+        .collect();
+    json_ok(Value::Array(rows))
+}
+
+async fn invoke_function_root(
+    State(s): State<AppState>,
+    Path(function): Path<String>,
+    request: axum::extract::Request,
+) -> Response {
+    run_function(s, function, String::new(), request).await
+}
+
+async fn invoke_function(
+    State(s): State<AppState>,
+    Path((function, path)): Path<(String, String)>,
+    request: axum::extract::Request,
+) -> Response {
+    run_function(s, function, path, request).await
+}
+
+/// Any method on `/v1/functions/{function}/{path}`: the function sees `/{path}?{query}` with the
+/// request's headers and body, as `wasmtime serve` would show it.
+async fn run_function(
+    s: AppState,
+    function: String,
+    path: String,
+    request: axum::extract::Request,
+) -> Response {
+    let cx = CallContext::root();
+    let (mut parts, body) = request.into_parts();
+    let mut uri = format!("/{path}");
+    if let Some(query) = parts.uri.query() {
+        uri.push('?');
+        uri.push_str(query);
+    }
+    parts.uri = match uri.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            return error_response(&InferError::invalid(format!("invalid path: {e}")));
+        }
+    };
+    let request = axum::http::Request::from_parts(parts, body);
+    match s
+        .server
+        .invoke_function(&function, request, cx.request_id)
+        .await
+    {
+        Ok(response) => response.map(Body::new),
+        Err(e) => function_error(&e, s.verbose_errors, cx.request_id),
+    }
+}
+
+/// A function that gave no answer: JSON `{"error"}` with the status of the reason. What a guest
+/// printed or trapped with goes to the log, with the request id, unless `--verbose-errors`.
+fn function_error(e: &FunctionError, verbose: bool, request_id: u64) -> Response {
+    use crate::backend::wasm::InvokeError;
+    let status = match e {
+        FunctionError::NotFound(_) => StatusCode::NOT_FOUND,
+        FunctionError::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
+        FunctionError::Invoke(e) => {
+            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        }
+    };
+    let message = match e {
+        FunctionError::Invoke(InvokeError::Failed { name, .. }) if !verbose => {
+            tracing::warn!(request = request_id, "{e}");
+            format!("function '{name}' failed (details in the server log, request {request_id})")
+        }
+        _ => {
+            if status.is_server_error() {
+                tracing::warn!(request = request_id, "{e}");
+            }
+            e.to_string()
+        }
+    };
+    let mut response = (status, axum::Json(json!({ "error": message }))).into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// A model-control error, with the status Triton uses (400 for most) or a more precise one.

@@ -1,6 +1,8 @@
 //! What the host lends a guest: its store state, the `inference` and `log` imports, and a WASI
-//! context with nothing in it (no files, no network, no environment, no arguments; stdout and
-//! stderr captured into bounded buffers that end up in the server's log).
+//! context with nothing in it (no files, no network, no arguments, no environment beyond what a
+//! function's manifest sets; stdout and stderr captured into bounded buffers that end up in the
+//! server's log). A function's guest also gets `wasi:http`, whose outgoing requests go only to the
+//! hosts its manifest allows.
 
 use std::io;
 use std::pin::Pin;
@@ -13,6 +15,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
 use super::limits::{Counters, InstanceTracker, Limits, LogRate, StoreLimiter};
 use super::tessera::inference::{inference, log, types};
@@ -134,7 +137,7 @@ impl WasmModel {
 
 /// A trap's whole cause chain ("resource table has no free keys" under "failed to push..."),
 /// without the Wasm backtrace wasmtime attaches (the log has it; clients need the cause).
-fn trap_cause(trap: &wasmtime::Error) -> String {
+pub(super) fn trap_cause(trap: &wasmtime::Error) -> String {
     let causes: Vec<String> = trap
         .chain()
         .map(ToString::to_string)
@@ -254,45 +257,82 @@ pub struct HostState {
     deadline: Option<std::time::Instant>,
     /// The client request the current execution serves (the first of its batch).
     request_id: u64,
+    /// `wasi:http` state (used by functions only: a model's linker has no `wasi:http`).
+    http: WasiHttpCtx,
+    outgoing: OutgoingPolicy,
+}
+
+/// Who a store belongs to, and what it may do: a model version's handler or a function.
+pub struct Guest<'a> {
+    pub name: &'a str,
+    /// The model version; 0 for a function.
+    pub version: i64,
+    pub limits: &'a Limits,
+    pub inference: Weak<dyn Inference>,
+    pub counters: Arc<Counters>,
+    pub log_rate: Arc<LogRate>,
+    /// Environment variables the guest sees (a function's manifest; none for a model).
+    pub env: &'a [(String, String)],
+    /// Hosts (`host` or `host:port`) outgoing `wasi:http` requests may reach.
+    pub allowed_hosts: Arc<[String]>,
 }
 
 impl HostState {
     fn new(model: &WasmModel) -> HostState {
-        let stdout = OutputSink::new(model.limits.max_log_bytes);
-        let stderr = OutputSink::new(model.limits.max_log_bytes);
+        HostState::for_guest(&Guest {
+            name: &model.name,
+            version: model.version,
+            limits: &model.limits,
+            inference: model.inference.clone(),
+            counters: model.counters.clone(),
+            log_rate: model.log_rate.clone(),
+            env: &[],
+            allowed_hosts: Arc::from(Vec::new()),
+        })
+    }
+
+    pub fn for_guest(guest: &Guest<'_>) -> HostState {
+        let limits = guest.limits;
+        let stdout = OutputSink::new(limits.max_log_bytes);
+        let stderr = OutputSink::new(limits.max_log_bytes);
         let wasi = WasiCtx::builder()
             .stdout(stdout.clone())
             .stderr(stderr.clone())
+            .envs(guest.env)
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
         let mut table = ResourceTable::new();
-        table.set_max_capacity(model.limits.max_host_resources);
+        table.set_max_capacity(limits.max_host_resources);
         HostState {
             wasi,
             table,
             limiter: StoreLimiter {
-                max_memory_bytes: model.limits.max_memory_bytes,
-                max_table_elements: model.limits.max_table_elements,
-                max_instances: model.limits.max_instances,
+                max_memory_bytes: limits.max_memory_bytes,
+                max_table_elements: limits.max_table_elements,
+                max_instances: limits.max_instances,
                 memory_exceeded: false,
                 high_water: 0,
             },
             stdout,
             stderr,
             last_stderr: String::new(),
-            inference: model.inference.clone(),
-            model: model.name.clone(),
-            version: model.version,
-            counters: model.counters.clone(),
-            log_rate: model.log_rate.clone(),
-            max_log_bytes: model.limits.max_log_bytes,
-            log_budget: model.limits.max_log_bytes,
+            inference: guest.inference.clone(),
+            model: guest.name.to_owned(),
+            version: guest.version,
+            counters: guest.counters.clone(),
+            log_rate: guest.log_rate.clone(),
+            max_log_bytes: limits.max_log_bytes,
+            log_budget: limits.max_log_bytes,
             log_drop_reported: false,
             chain: Vec::new(),
             deadline: None,
             request_id: 0,
+            http: WasiHttpCtx::new(),
+            outgoing: OutgoingPolicy {
+                allowed_hosts: guest.allowed_hosts.clone(),
+            },
         }
     }
 
@@ -364,6 +404,78 @@ impl WasiView for HostState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.outgoing,
+        }
+    }
+}
+
+/// Outgoing HTTP from a function: denied unless the request's authority is in its manifest's
+/// `allowed_hosts` (`host` allows any port, `host:port` that port only).
+struct OutgoingPolicy {
+    allowed_hosts: Arc<[String]>,
+}
+
+impl OutgoingPolicy {
+    fn allows(&self, uri: &http::Uri) -> bool {
+        let Some(authority) = uri.authority() else {
+            return false;
+        };
+        let host = authority.host();
+        let port = authority.port_u16().unwrap_or(match uri.scheme_str() {
+            Some("http") => 80,
+            _ => 443,
+        });
+        self.allowed_hosts
+            .iter()
+            .any(|allowed| match allowed.rsplit_once(':') {
+                Some((h, p)) if p.parse::<u16>().is_ok() => {
+                    h.eq_ignore_ascii_case(host) && p.parse::<u16>().ok() == Some(port)
+                }
+                _ => allowed.eq_ignore_ascii_case(host),
+            })
+    }
+}
+
+impl WasiHttpHooks for OutgoingPolicy {
+    fn send_request(
+        &mut self,
+        request: http::Request<wasmtime_wasi_http::WasiBody>,
+        options: Option<wasmtime_wasi_http::RequestOptions>,
+        fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ) -> Box<
+        dyn Future<
+                Output = Result<
+                    (
+                        http::Response<wasmtime_wasi_http::WasiBody>,
+                        Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                    ),
+                    wasmtime_wasi_http::Error,
+                >,
+            > + Send,
+    > {
+        let allowed = self.allows(request.uri());
+        let target = request.uri().to_string();
+        Box::new(async move {
+            use http_body_util::BodyExt;
+            drop(fut);
+            if !allowed {
+                tracing::warn!("outgoing request to {target} denied: not in allowed_hosts");
+                return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
+            }
+            let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
+            Ok((
+                response.map(BodyExt::boxed_unsync),
+                Box::new(io) as Box<dyn Future<Output = _> + Send>,
+            ))
+        })
     }
 }
 

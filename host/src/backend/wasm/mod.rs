@@ -14,6 +14,7 @@
 
 mod cache;
 mod convert;
+mod function;
 mod host;
 mod limits;
 
@@ -29,6 +30,7 @@ use super::{Backend, Executed, LoadContext, LoadError, ModelInstance};
 use crate::config::model_file;
 use crate::infer::{BoxFuture, Call, CallContext, ErrorKind, InferError, InferResult, Inference};
 use crate::metrics::ExecutionTiming;
+pub use function::{FunctionBody, FunctionLimits, FunctionStats, InvokeError, WasmFunction};
 use host::{HostState, WasmModel};
 pub use limits::Limits;
 
@@ -48,6 +50,8 @@ pub struct WasmRuntime {
     /// The largest `max_memory_bytes` a handler may be given (`--wasm-max-memory-bytes`).
     max_memory_bytes: u64,
     linker: Linker<HostState>,
+    /// The function world: WASI, `wasi:http`, and Tessera's `inference` and `log`.
+    function_linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     pub counters: Arc<limits::CounterRegistry>,
     instances: Arc<limits::InstanceTracker>,
@@ -90,6 +94,10 @@ impl WasmRuntime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         Model::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
+        let mut function_linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut function_linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut function_linker)?;
+        Model::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut function_linker, |s| s)?;
         // The epoch ticker lives as long as the process; it holds only a weak engine handle.
         let weak = engine.weak();
         let tick = limits.epoch_tick();
@@ -106,6 +114,7 @@ impl WasmRuntime {
             engine,
             max_memory_bytes: limits.wasm_max_memory_bytes,
             linker,
+            function_linker,
             cache_dir,
             counters: Arc::default(),
             instances: Arc::default(),

@@ -1,0 +1,335 @@
+//! HTTP functions: `wasi:http` components served at `/v1/functions/<name>/...`, built from
+//! `examples/` (hello, classify_text) and `tests/guests/function_probe`, over real HTTP.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::harness::{
+    TestServer, examples_repo, fixtures_repo, repo_root, require_onnx_runtime, shared_cache,
+    temp_dir,
+};
+
+fn example_functions() -> String {
+    repo_root().join("functions").display().to_string()
+}
+
+fn fixture_functions() -> String {
+    repo_root()
+        .join("tests/fixtures/functions")
+        .display()
+        .to_string()
+}
+
+/// Sends `method path body` and returns (status, headers, body text).
+async fn call(
+    server: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let response = server
+        .client
+        .request(method, server.url(path))
+        .body(body)
+        .send()
+        .await
+        .expect("the server answers");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap_or_default();
+    (status, headers, text)
+}
+
+async fn get(server: &TestServer, path: &str) -> (u16, String) {
+    let (status, _, text) = call(server, reqwest::Method::GET, path, Vec::new()).await;
+    (status, text)
+}
+
+#[tokio::test]
+async fn hello_streams_bodies_both_ways() {
+    let repo = temp_dir("empty-repo");
+    let functions = example_functions();
+    let server = TestServer::start(&[repo], &["--functions", &functions], &shared_cache()).await;
+    assert_eq!(
+        get(&server, "/v1/functions/hello/").await,
+        (200, "Hello from Tessera!\n".to_owned()),
+        "the manifest's GREETING reaches the guest"
+    );
+    let (status, text) = get(&server, "/v1/functions/hello/nowhere?x=1").await;
+    assert_eq!(
+        (status, text.as_str()),
+        (404, "not found\n"),
+        "the guest's own 404"
+    );
+    // 8 MiB through the guest and back, in both directions as a stream.
+    let body: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let response = server
+        .client
+        .post(server.url("/v1/functions/hello/echo"))
+        .body(body.clone())
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status(), 200);
+    let echoed = response.bytes().await.expect("the whole body");
+    assert!(
+        echoed.as_ref() == body.as_slice(),
+        "{} bytes came back",
+        echoed.len()
+    );
+    let (status, list) = server.get("/v1/functions").await;
+    assert_eq!(status, 200);
+    assert!(
+        list.as_array()
+            .expect("list")
+            .iter()
+            .any(|f| f["name"] == "hello" && f["state"] == "READY"),
+        "{list}"
+    );
+    server.stop();
+}
+
+#[tokio::test]
+async fn classify_text_calls_the_embedding_ensemble() {
+    require_onnx_runtime!();
+    let functions = example_functions();
+    let server = TestServer::start(
+        &[examples_repo()],
+        &["--functions", &functions],
+        &shared_cache(),
+    )
+    .await;
+    for (text, want) in [
+        (
+            "The striker scored twice and the team won the league",
+            "sports",
+        ),
+        (
+            "Add the garlic and simmer the tomato sauce for pasta",
+            "food",
+        ),
+    ] {
+        let (status, _, body) = call(
+            &server,
+            reqwest::Method::POST,
+            "/v1/functions/classify_text/",
+            json!({ "text": text }).to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(answer["label"], want, "{answer}");
+        assert_eq!(answer["scores"].as_object().expect("scores").len(), 5);
+    }
+    let (status, _, body) = call(
+        &server,
+        reqwest::Method::POST,
+        "/v1/functions/classify_text/",
+        b"not json".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    // Its calls went through embed_text's queue like any request.
+    let (_, stats) = server.get("/v2/models/embed_text/stats").await;
+    assert!(
+        stats["model_stats"][0]["inference_count"].as_u64() >= Some(2),
+        "{stats}"
+    );
+    server.stop();
+}
+
+#[tokio::test]
+async fn a_function_is_isolated() {
+    let repo = temp_dir("empty-repo");
+    let functions = fixture_functions();
+    let server = TestServer::start(&[repo], &["--functions", &functions], &shared_cache()).await;
+    let probe = |p: &str| format!("/v1/functions/function_probe/{p}");
+    // A static does not survive: every invocation has a fresh instance.
+    for _ in 0..3 {
+        assert_eq!(get(&server, &probe("count")).await, (200, "1".to_owned()));
+    }
+    assert_eq!(
+        get(&server, &probe("env")).await,
+        (200, "VISIBLE=yes\n".to_owned()),
+        "only the manifest's environment, none of the server's"
+    );
+    let (_, file) = get(&server, &probe("file")).await;
+    assert!(file.starts_with("denied:"), "{file}");
+    // Outgoing HTTP: the manifest allows 127.0.0.1 only.
+    let port = server.base.rsplit(':').next().expect("port").to_owned();
+    let (_, allowed) = get(
+        &server,
+        &probe(&format!("fetch?http://127.0.0.1:{port}/v2/health/live")),
+    )
+    .await;
+    assert_eq!(allowed, "status 200");
+    let (_, denied) = get(
+        &server,
+        &probe(&format!("fetch?http://localhost:{port}/v2/health/live")),
+    )
+    .await;
+    assert!(denied.contains("HttpRequestDenied"), "{denied}");
+    let log = server.stop();
+    assert!(log.contains("denied: not in allowed_hosts"), "{log}");
+}
+
+#[tokio::test]
+async fn each_limit_gives_its_status_and_others_keep_serving() {
+    let repo = temp_dir("empty-repo");
+    let functions = fixture_functions();
+    let server = TestServer::start(&[repo], &["--functions", &functions], &shared_cache()).await;
+    let tight = |p: &str| format!("/v1/functions/function_tight/{p}");
+
+    let started = Instant::now();
+    let (status, text) = get(&server, &tight("spin")).await;
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("time limit of 300 ms"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let (status, text) = get(&server, &tight("alloc?64")).await;
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("memory limit"), "{text}");
+
+    let (status, _, text) = call(
+        &server,
+        reqwest::Method::POST,
+        &tight("echo"),
+        vec![0; 4096],
+    )
+    .await;
+    assert_eq!(status, 413, "{text}");
+
+    let (status, text) = get(&server, &tight("panic")).await;
+    assert_eq!(status, 500, "{text}");
+    assert!(
+        text.contains("details in the server log") && !text.contains("panicked"),
+        "a guest's panic stays in the log: {text}"
+    );
+
+    // One invocation at a time: a second one meanwhile is refused at once.
+    let slow = {
+        let (client, url) = (server.client.clone(), server.url(&tight("sleep?250")));
+        tokio::spawn(async move { client.get(url).send().await.map(|r| r.status().as_u16()) })
+    };
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let (status, headers, text) =
+        call(&server, reqwest::Method::GET, &tight("count"), Vec::new()).await;
+    assert_eq!(status, 429, "{text}");
+    assert_eq!(
+        headers.get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    assert_eq!(slow.await.expect("task").expect("answered"), 200);
+
+    // Nobody else was harmed, and the limited function serves again.
+    assert_eq!(
+        get(&server, "/v1/functions/function_probe/count").await.0,
+        200
+    );
+    assert_eq!(get(&server, &tight("count")).await, (200, "1".to_owned()));
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains(
+            "tessera_function_invocations_total{function=\"function_tight\",status=\"5xx\"} 3"
+        ),
+        "{metrics}"
+    );
+    let log = server.stop();
+    assert!(log.contains("the probe panics on request"), "{log}");
+}
+
+#[tokio::test]
+async fn concurrent_invocations_are_batched_with_everyone_else() {
+    let repo = temp_dir("empty-repo");
+    let functions = fixture_functions();
+    let server = TestServer::start(&[repo], &["--functions", &functions], &shared_cache()).await;
+    let wasm = std::fs::read(fixtures_repo().join("identity_echo/1/model.wasm"))
+        .expect("the build installs identity_echo");
+    let config = json!({
+        "name": "batched_echo", "backend": "wasm", "max_batch_size": 8,
+        "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
+        "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }],
+        "dynamic_batching": { "max_queue_delay_microseconds": 100000 }
+    });
+    let (status, body) = server
+        .deploy("batched_echo", &config, &[("1/model.wasm", &wasm)])
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, url) = (
+                server.client.clone(),
+                server.url("/v1/functions/function_probe/infer?batched_echo"),
+            );
+            tokio::spawn(async move {
+                let r = client.get(url).send().await.expect("answers");
+                (r.status().as_u16(), r.text().await.unwrap_or_default())
+            })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.expect("task"), (200, "[1.0]".to_owned()));
+    }
+    let (_, stats) = server.get("/v2/models/batched_echo/stats").await;
+    let m = &stats["model_stats"][0];
+    assert_eq!(m["inference_count"], 16, "{m}");
+    let largest = m["batch_stats"]
+        .as_array()
+        .expect("batch stats")
+        .iter()
+        .filter_map(|b| b["batch_size"].as_u64())
+        .max()
+        .unwrap_or(0);
+    assert!(largest > 1, "function calls were batched together: {m}");
+    server.stop();
+}
+
+#[tokio::test]
+async fn a_component_of_another_kind_is_refused_with_the_reason() {
+    let repo = temp_dir("empty-repo");
+    let folder = temp_dir("bad-functions");
+    for (name, bytes) in [
+        (
+            "a_model",
+            std::fs::read(fixtures_repo().join("identity_echo/1/model.wasm")).expect("component"),
+        ),
+        ("a_core_module", b"\0asm\x01\0\0\0".to_vec()),
+    ] {
+        std::fs::create_dir_all(folder.join(name)).expect("folder");
+        std::fs::write(folder.join(name).join("function.wasm"), bytes).expect("component");
+    }
+    std::fs::create_dir_all(folder.join("bad_manifest")).expect("folder");
+    std::fs::write(
+        folder.join("bad_manifest/function.wasm"),
+        std::fs::read(repo_root().join("functions/hello/function.wasm")).expect("hello"),
+    )
+    .expect("component");
+    std::fs::write(
+        folder.join("bad_manifest/function.toml"),
+        "[limits]\ntimeout = 1\n",
+    )
+    .expect("manifest");
+    let dir = folder.display().to_string();
+    let server = TestServer::start(&[repo], &["--functions", &dir], &shared_cache()).await;
+    let (_, list) = server.get("/v1/functions").await;
+    let reason = |name: &str| -> String {
+        list.as_array()
+            .expect("list")
+            .iter()
+            .find(|f| f["name"] == name)
+            .map(|f| {
+                assert_eq!(f["state"], "UNAVAILABLE", "{f}");
+                f["reason"].as_str().unwrap_or_default().to_owned()
+            })
+            .unwrap_or_else(|| panic!("{name} is not listed: {list}"))
+    };
+    assert!(reason("a_model").contains("does not export wasi:http/incoming-handler"));
+    assert!(reason("a_core_module").contains("core Wasm module"));
+    assert!(reason("bad_manifest").contains("timeout"));
+    let (status, text) = get(&server, "/v1/functions/a_model/").await;
+    assert_eq!(status, 503, "{text}");
+    let (status, _) = get(&server, "/v1/functions/nothing/").await;
+    assert_eq!(status, 404);
+    server.stop();
+}
