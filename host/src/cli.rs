@@ -73,8 +73,12 @@ fn model_files(dir: &Path) -> anyhow::Result<Vec<(String, PathBuf)>> {
     Ok(files)
 }
 
-/// `tessera deploy DIR`.
+/// `tessera deploy DIR`: a model directory (with `config.pbtxt`), or a function's folder (with
+/// `function.wasm` and an optional `function.toml`).
 pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Result<()> {
+    if !dir.join("config.pbtxt").exists() && dir.join("function.wasm").exists() {
+        return deploy_function(server, dir, name).await;
+    }
     let mut config = config::read(&dir.join("config.pbtxt"))?;
     let name = match name {
         Some(n) => n.to_owned(),
@@ -139,9 +143,66 @@ pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Res
     Ok(())
 }
 
+/// Deploys a function's folder.
+async fn deploy_function(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Result<()> {
+    let name = match name {
+        Some(n) => n.to_owned(),
+        None => dir
+            .canonicalize()
+            .ok()
+            .and_then(|d| d.file_name()?.to_str().map(str::to_owned))
+            .context("cannot tell the function's name: pass --name")?,
+    };
+    let component = std::fs::read(dir.join("function.wasm"))
+        .with_context(|| format!("cannot read {}", dir.join("function.wasm").display()))?;
+    let mut parameters = serde_json::Map::new();
+    parameters.insert(
+        "file:function.wasm".into(),
+        Value::String(base64::engine::general_purpose::STANDARD.encode(&component)),
+    );
+    match std::fs::read_to_string(dir.join("function.toml")) {
+        Ok(text) => {
+            parameters.insert("manifest".into(), Value::String(text));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).context("cannot read function.toml"),
+    }
+    let started = Instant::now();
+    let answer = post(
+        server,
+        &format!("/v2/repository/functions/{name}/load"),
+        json!({ "parameters": parameters }),
+    )
+    .await
+    .with_context(|| format!("deploying function '{name}' failed"))?;
+    let outcome = answer
+        .get("outcome")
+        .and_then(Value::as_str)
+        .unwrap_or("loaded");
+    let revision = answer
+        .get("revision")
+        .and_then(Value::as_u64)
+        .map_or(String::new(), |r| format!(" revision {r}"));
+    println!(
+        "function {name}{revision}: {outcome}, {} bytes, serving in {} ms",
+        component.len(),
+        started.elapsed().as_millis()
+    );
+    println!("  {}", url(server, &format!("/v1/functions/{name}/")));
+    Ok(())
+}
+
 /// `tessera models`.
 pub async fn models(server: &str) -> anyhow::Result<()> {
     let rows = post(server, "/v2/repository/index", json!({})).await?;
+    let functions: Value = client()?
+        .get(url(server, "/v1/functions"))
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the server at {server}"))?
+        .json()
+        .await
+        .unwrap_or(Value::Null);
     println!("{:<32} {:>8}  {:<12} REASON", "MODEL", "VERSION", "STATE");
     for row in rows.as_array().into_iter().flatten() {
         let field = |k: &str| row.get(k).and_then(Value::as_str).unwrap_or("");
@@ -157,14 +218,28 @@ pub async fn models(server: &str) -> anyhow::Result<()> {
             field("reason")
         );
     }
+    let functions = functions.as_array().cloned().unwrap_or_default();
+    if !functions.is_empty() {
+        println!("\n{:<32} {:<12} URL / REASON", "FUNCTION", "STATE");
+        for f in functions {
+            let field = |k: &str| f.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+            let detail = if field("state") == "READY" {
+                url(server, &field("url"))
+            } else {
+                field("reason")
+            };
+            println!("{:<32} {:<12} {detail}", field("name"), field("state"));
+        }
+    }
     Ok(())
 }
 
-/// `tessera rollback MODEL`.
-pub async fn rollback(server: &str, model: &str) -> anyhow::Result<()> {
+/// `tessera rollback MODEL` (or a function).
+pub async fn rollback(server: &str, model: &str, function: bool) -> anyhow::Result<()> {
+    let area = if function { "functions" } else { "models" };
     let answer = post(
         server,
-        &format!("/v2/repository/models/{model}/rollback"),
+        &format!("/v2/repository/{area}/{model}/rollback"),
         json!({}),
     )
     .await
@@ -177,8 +252,24 @@ pub async fn rollback(server: &str, model: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tessera unload MODEL`.
-pub async fn unload(server: &str, model: &str, unload_dependents: bool) -> anyhow::Result<()> {
+/// `tessera unload MODEL` (or a function).
+pub async fn unload(
+    server: &str,
+    model: &str,
+    unload_dependents: bool,
+    function: bool,
+) -> anyhow::Result<()> {
+    if function {
+        post(
+            server,
+            &format!("/v2/repository/functions/{model}/unload"),
+            json!({}),
+        )
+        .await
+        .with_context(|| format!("unloading function '{model}' failed"))?;
+        println!("unloaded: function {model}");
+        return Ok(());
+    }
     let answer = post(
         server,
         &format!("/v2/repository/models/{model}/unload"),

@@ -1,5 +1,9 @@
 //! Functions by name: `wasi:http` components served at `/v1/functions/<name>/...`, loaded from
-//! `--functions` folders, each `<dir>/<name>/function.wasm` with an optional `function.toml`.
+//! `--functions` folders, each `<dir>/<name>/function.wasm` with an optional `function.toml`, and
+//! deployed over HTTP into the deployment store (`<store>/functions/<name>/<revision>/`), which
+//! shadows a folder's function of the same name. A deployment is validated (compiled and linked)
+//! before anything is written, written durably, then swapped in: invocations already running
+//! finish on the old one.
 //!
 //! The manifest (every key optional; a function without one gets these defaults):
 //!
@@ -32,7 +36,8 @@ use serde::Deserialize;
 
 use crate::backend::wasm::{FunctionLimits, Limits, WasmFunction, WasmRuntime};
 use crate::infer::Inference;
-use crate::store::check_model_name;
+use crate::repository::{ControlError, LoadOutcome};
+use crate::store::{Store, check_model_name};
 
 /// The component of a function, in its folder.
 pub const COMPONENT_FILE: &str = "function.wasm";
@@ -133,21 +138,76 @@ pub enum FunctionEntry {
 }
 
 /// Every function, by name: an immutable table swapped as a whole.
-#[derive(Default)]
 pub struct Functions {
     table: ArcSwap<BTreeMap<String, FunctionEntry>>,
+    /// Where deployed functions are kept; None: deployments are refused.
+    store: Option<Arc<Store>>,
+    /// The folders of `--functions`, to reload a function from.
+    dirs: std::sync::Mutex<Vec<PathBuf>>,
+    /// One load, deployment, unload or rollback at a time.
+    control: tokio::sync::Mutex<()>,
+}
+
+/// A function deployment: its component and its manifest (`function.toml` text; none: defaults).
+pub struct FunctionUpload {
+    pub component: bytes::Bytes,
+    pub manifest: Option<String>,
+}
+
+/// The content hash of a function revision.
+fn fingerprint(component: &[u8], manifest: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(component);
+    h.update([0]);
+    h.update(manifest.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Functions {
-    /// Loads every function of `dirs`. One that fails is recorded with its reason; the others
-    /// serve.
+    pub fn new(store: Option<Arc<Store>>) -> Functions {
+        Functions {
+            table: ArcSwap::default(),
+            store,
+            dirs: std::sync::Mutex::new(Vec::new()),
+            control: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Replaces (or removes) one function. Writers hold `control`, so the copy-and-swap cannot
+    /// lose a change.
+    fn set(&self, name: &str, entry: Option<FunctionEntry>) {
+        let mut next = BTreeMap::clone(&self.table.load());
+        match entry {
+            Some(e) => next.insert(name.to_owned(), e),
+            None => next.remove(name),
+        };
+        self.table.store(Arc::new(next));
+    }
+
+    /// Where `name` loads from: the store's current revision, else a `--functions` folder.
+    fn source_of(&self, name: &str) -> Option<PathBuf> {
+        if let Some((dir, _)) = self.store.as_ref().and_then(|s| s.current_dir(name)) {
+            return Some(dir);
+        }
+        let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        dirs.iter()
+            .map(|d| d.join(name))
+            .find(|d| d.join(COMPONENT_FILE).is_file())
+    }
+
+    /// Loads every function of `dirs` and every deployment of the store (a deployment shadows a
+    /// folder's function of the same name). One that fails is recorded with its reason; the
+    /// others serve.
     pub async fn load(
         &self,
         runtime: &Arc<WasmRuntime>,
         dirs: &[PathBuf],
         inference: Weak<dyn Inference>,
     ) {
-        let mut table = BTreeMap::new();
+        let _control = self.control.lock().await;
+        *self.dirs.lock().unwrap_or_else(|p| p.into_inner()) = dirs.to_vec();
+        let mut folders: BTreeMap<String, PathBuf> = BTreeMap::new();
         for dir in dirs {
             let entries = match std::fs::read_dir(dir) {
                 Ok(e) => e,
@@ -156,34 +216,158 @@ impl Functions {
                     continue;
                 }
             };
-            let mut folders: Vec<PathBuf> = entries
+            for folder in entries
                 .flatten()
                 .map(|e| e.path())
                 .filter(|p| p.join(COMPONENT_FILE).is_file())
-                .collect();
-            folders.sort();
-            for folder in folders {
-                let Some(name) = folder
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .map(str::to_owned)
-                else {
-                    continue;
-                };
-                let entry = match load_one(runtime, &name, &folder, inference.clone()).await {
-                    Ok(f) => {
-                        tracing::info!(function = %name, "serving at /v1/functions/{name}/");
-                        FunctionEntry::Ready(f)
-                    }
-                    Err(e) => {
-                        tracing::error!(function = %name, "UNAVAILABLE: {e}");
-                        FunctionEntry::Failed(e)
-                    }
-                };
-                table.insert(name, entry);
+            {
+                if let Some(name) = folder.file_name().and_then(|n| n.to_str()) {
+                    folders.insert(name.to_owned(), folder.clone());
+                }
             }
         }
+        if let Some(store) = &self.store {
+            for (name, manifest) in store.deployed() {
+                if manifest.loaded {
+                    let dir = store.revision_dir(&name, manifest.current);
+                    folders.insert(name, dir);
+                } else {
+                    // Unloaded on request: stays unloaded across restarts.
+                    folders.remove(&name);
+                }
+            }
+        }
+        let mut table = BTreeMap::new();
+        for (name, folder) in folders {
+            let entry = match load_one(runtime, &name, &folder, inference.clone()).await {
+                Ok(f) => {
+                    tracing::info!(function = %name, "serving at /v1/functions/{name}/");
+                    FunctionEntry::Ready(f)
+                }
+                Err(e) => {
+                    tracing::error!(function = %name, "UNAVAILABLE: {e}");
+                    FunctionEntry::Failed(e)
+                }
+            };
+            table.insert(name, entry);
+        }
         self.table.store(Arc::new(table));
+    }
+
+    /// Deploys a function: validates it (manifest, component, linking) before anything changes,
+    /// writes it durably to the store, and swaps it in. Deploying the same files again is a
+    /// no-op.
+    pub async fn deploy(
+        &self,
+        runtime: &Arc<WasmRuntime>,
+        name: &str,
+        upload: FunctionUpload,
+        inference: Weak<dyn Inference>,
+    ) -> Result<(LoadOutcome, u64), ControlError> {
+        check_model_name(name)?;
+        let store = self.store.clone().ok_or_else(|| {
+            ControlError::NotAllowed(format!(
+                "failed to deploy function '{name}': this server runs without a deployment store (--store)"
+            ))
+        })?;
+        let _control = self.control.lock().await;
+        let manifest = upload.manifest.unwrap_or_default();
+        let hash = fingerprint(&upload.component, &manifest);
+        if let Some(m) = store.manifest(name)
+            && m.loaded
+            && m.revisions
+                .iter()
+                .any(|r| r.revision == m.current && r.sha256 == hash)
+            && matches!(self.get(name), Some(FunctionEntry::Ready(_)))
+        {
+            return Ok((LoadOutcome::Unchanged, m.current));
+        }
+        let function = prepare(
+            runtime,
+            name,
+            upload.component.clone(),
+            manifest.clone(),
+            inference,
+        )
+        .await
+        .map_err(|e| ControlError::Invalid(format!("failed to deploy function '{name}': {e}")))?;
+        let files = vec![
+            (PathBuf::from(COMPONENT_FILE), upload.component),
+            (PathBuf::from(MANIFEST_FILE), bytes::Bytes::from(manifest)),
+        ];
+        let (stage_store, stage_name) = (store.clone(), name.to_owned());
+        let revision = tokio::task::spawn_blocking(move || {
+            let staged = stage_store.stage(&stage_name, &files)?;
+            let (revision, _) = stage_store.commit(staged)?;
+            stage_store.publish(&stage_name, revision, &hash)?;
+            Ok::<_, crate::store::StoreError>(revision)
+        })
+        .await
+        .map_err(|e| ControlError::Internal(e.to_string()))??;
+        self.set(name, Some(FunctionEntry::Ready(function)));
+        tracing::info!(function = name, revision, "deployed");
+        Ok((LoadOutcome::Loaded, revision))
+    }
+
+    /// Loads `name` again from where it lives (its store revision or its folder).
+    pub async fn reload(
+        &self,
+        runtime: &Arc<WasmRuntime>,
+        name: &str,
+        inference: Weak<dyn Inference>,
+    ) -> Result<(), ControlError> {
+        check_model_name(name)?;
+        let _control = self.control.lock().await;
+        let dir = self.source_of(name).ok_or_else(|| {
+            ControlError::NotFound(format!(
+                "function '{name}' is in no --functions folder and not in the store"
+            ))
+        })?;
+        let function = load_one(runtime, name, &dir, inference)
+            .await
+            .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
+        if let Some(store) = &self.store {
+            store.set_loaded(name, true)?;
+        }
+        self.set(name, Some(FunctionEntry::Ready(function)));
+        Ok(())
+    }
+
+    /// Stops serving `name` (404 from now on; invocations running finish). A deployed function
+    /// stays in the store, unloaded, also after a restart.
+    pub async fn unload(&self, name: &str) -> Result<(), ControlError> {
+        let _control = self.control.lock().await;
+        if self.get(name).is_none() {
+            return Err(ControlError::NotFound(format!(
+                "failed to unload function '{name}': it is not loaded"
+            )));
+        }
+        if let Some(store) = &self.store {
+            store.set_loaded(name, false)?;
+        }
+        self.set(name, None);
+        Ok(())
+    }
+
+    /// Serves the revision before the current one again.
+    pub async fn rollback(
+        &self,
+        runtime: &Arc<WasmRuntime>,
+        name: &str,
+        inference: Weak<dyn Inference>,
+    ) -> Result<u64, ControlError> {
+        check_model_name(name)?;
+        let store = self.store.clone().ok_or_else(|| {
+            ControlError::NotAllowed("this server runs without a deployment store (--store)".into())
+        })?;
+        let _control = self.control.lock().await;
+        let (revision, dir, hash) = store.previous(name)?;
+        let function = load_one(runtime, name, &dir, inference)
+            .await
+            .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
+        store.publish(name, revision, &hash)?;
+        self.set(name, Some(FunctionEntry::Ready(function)));
+        Ok(revision)
     }
 
     pub fn get(&self, name: &str) -> Option<FunctionEntry> {
@@ -285,6 +469,7 @@ impl Functions {
     }
 }
 
+/// Reads a function's folder and prepares it.
 async fn load_one(
     runtime: &Arc<WasmRuntime>,
     name: &str,
@@ -292,24 +477,39 @@ async fn load_one(
     inference: Weak<dyn Inference>,
 ) -> Result<Arc<WasmFunction>, String> {
     check_model_name(name).map_err(|e| e.to_string())?;
-    let (runtime, name, folder) = (runtime.clone(), name.to_owned(), folder.to_owned());
-    // Reading and compiling are blocking work.
-    tokio::task::spawn_blocking(move || {
+    let folder = folder.to_owned();
+    let (component, manifest) = tokio::task::spawn_blocking(move || {
         let manifest_path = folder.join(MANIFEST_FILE);
         let text = match std::fs::read_to_string(&manifest_path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(format!("cannot read {}: {e}", manifest_path.display())),
         };
-        let spec =
-            parse_manifest(&text).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
         let component = folder.join(COMPONENT_FILE);
         let bytes = std::fs::read(&component)
             .map_err(|e| format!("cannot read {}: {e}", component.display()))?;
+        Ok((bytes::Bytes::from(bytes), text))
+    })
+    .await
+    .map_err(|e| format!("loading failed: {e}"))??;
+    prepare(runtime, name, component, manifest, inference).await
+}
+
+/// Parses the manifest, then compiles and links the component (blocking work, off the workers).
+async fn prepare(
+    runtime: &Arc<WasmRuntime>,
+    name: &str,
+    component: bytes::Bytes,
+    manifest: String,
+    inference: Weak<dyn Inference>,
+) -> Result<Arc<WasmFunction>, String> {
+    let spec = parse_manifest(&manifest).map_err(|e| format!("{MANIFEST_FILE}: {e}"))?;
+    let (runtime, name) = (runtime.clone(), name.to_owned());
+    tokio::task::spawn_blocking(move || {
         runtime
             .prepare_function(
                 &name,
-                &bytes,
+                &component,
                 spec.limits,
                 spec.env,
                 spec.allowed_hosts,

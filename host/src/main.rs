@@ -28,8 +28,9 @@ enum Command {
     /// Load every model (configuration, model files, Wasm `initialize`, warmup) without serving;
     /// print each model version's state and exit non-zero when any fails.
     Check(CheckArgs),
-    /// Deploy a model directory (config.pbtxt and version folders) to a running server, without
-    /// a restart: uploads it, waits until it serves, and prints where to call it.
+    /// Deploy a model directory (config.pbtxt and version folders), or a function's folder
+    /// (function.wasm and function.toml), to a running server without a restart: uploads it,
+    /// waits until it serves, and prints where to call it.
     Deploy(DeployArgs),
     /// List the models of a running server with their state.
     Models(ClientArgs),
@@ -60,6 +61,9 @@ struct DeployArgs {
 #[derive(Args, Debug, Clone)]
 struct ModelArgs {
     model: String,
+    /// It is a function, not a model.
+    #[arg(long)]
+    function: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -70,6 +74,9 @@ struct UnloadArgs {
     /// Unload the models that depend on it (ensembles) too.
     #[arg(long)]
     unload_dependents: bool,
+    /// It is a function, not a model.
+    #[arg(long)]
+    function: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -267,10 +274,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Some(Command::Models(args)) => tessera::cli::models(&args.server).await,
         Some(Command::Rollback(args)) => {
-            tessera::cli::rollback(&args.client.server, &args.model).await
+            tessera::cli::rollback(&args.client.server, &args.model, args.function).await
         }
         Some(Command::Unload(args)) => {
-            tessera::cli::unload(&args.client.server, &args.model, args.unload_dependents).await
+            tessera::cli::unload(
+                &args.client.server,
+                &args.model,
+                args.unload_dependents,
+                args.function,
+            )
+            .await
         }
         None => {
             let args = cli

@@ -103,6 +103,8 @@ pub struct Server {
     /// Admission control: one permit per client request in flight (`--max-inflight-requests`).
     inflight: tokio::sync::Semaphore,
     functions: crate::functions::Functions,
+    /// This server as the functions' request path.
+    functions_inference: Weak<dyn Inference>,
 }
 
 /// The statistics of one model version.
@@ -115,14 +117,19 @@ pub struct VersionStatistics {
 impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
-        let store = match &options.store_dir {
+        let (store, function_store) = match &options.store_dir {
             Some(dir) => {
                 let dir = dir.clone();
-                Some(Arc::new(
-                    tokio::task::spawn_blocking(move || Store::open(&dir)).await??,
-                ))
+                let (models, functions) = tokio::task::spawn_blocking(move || {
+                    Ok::<_, crate::store::StoreError>((
+                        Store::open(&dir, "models")?,
+                        Store::open(&dir, "functions")?,
+                    ))
+                })
+                .await??;
+                (Some(Arc::new(models)), Some(Arc::new(functions)))
             }
-            None => None,
+            None => (None, None),
         };
         let wasm = Arc::new(WasmRuntime::new(
             options.wasm_cache_dir.clone(),
@@ -157,7 +164,8 @@ impl Server {
                 options,
                 wasm,
                 waits: WaitGraph::default(),
-                functions: crate::functions::Functions::default(),
+                functions: crate::functions::Functions::new(function_store),
+                functions_inference: me.clone(),
             }
         });
         let startup = match (&server.options.startup_models, server.options.control_mode) {
@@ -174,10 +182,13 @@ impl Server {
             .await
             .map_err(anyhow::Error::msg)?;
         // Functions call models: they load after them.
-        let inference: Weak<dyn Inference> = Arc::downgrade(&server) as Weak<dyn Inference>;
         server
             .functions
-            .load(&server.wasm, &server.options.function_dirs, inference)
+            .load(
+                &server.wasm,
+                &server.options.function_dirs,
+                server.inference(),
+            )
             .await;
         if server.options.control_mode == ControlMode::Poll {
             let (me, interval) = (Arc::downgrade(&server), server.options.poll_interval);
@@ -388,12 +399,15 @@ impl Server {
                 "failed to load '{name}': this server runs without a deployment store (--store)"
             ))
         })?;
-        let files = self.check_files(name, request.files)?;
-        let text = crate::config::to_text(&config);
+        let mut files = self.check_files(name, request.files)?;
+        files.push((
+            PathBuf::from("config.pbtxt"),
+            Bytes::from(crate::config::to_text(&config)),
+        ));
         let control = self.repository.control().await;
         let (stage_store, stage_name) = (store.clone(), name.to_owned());
         let (revision, dir) = tokio::task::spawn_blocking(move || {
-            let staged = stage_store.stage(&stage_name, &text, &files)?;
+            let staged = stage_store.stage(&stage_name, &files)?;
             stage_store.commit(staged)
         })
         .await
@@ -584,6 +598,63 @@ impl Server {
     /// Every function with its state.
     pub fn functions(&self) -> Vec<(String, Result<(), String>)> {
         self.functions.list()
+    }
+
+    fn inference(&self) -> Weak<dyn Inference> {
+        self.functions_inference.clone()
+    }
+
+    /// Deploys a function (its component and manifest) into the store and swaps it in; with no
+    /// component, loads it again from its folder or the store.
+    pub async fn load_function(
+        &self,
+        name: &str,
+        upload: Option<crate::functions::FunctionUpload>,
+    ) -> Result<Deployed, ControlError> {
+        self.check_control(&format!("load function '{name}'"))?;
+        let Some(upload) = upload else {
+            self.functions
+                .reload(&self.wasm, name, self.inference())
+                .await?;
+            return Ok(Deployed {
+                outcome: LoadOutcome::Loaded,
+                revision: None,
+            });
+        };
+        let size = upload.component.len() + upload.manifest.as_ref().map_or(0, String::len);
+        let limit = self.options.max_deployment_bytes;
+        if size > limit {
+            return Err(ControlError::TooLarge(format!(
+                "failed to deploy function '{name}': {size} bytes, over the limit of {limit} (--max-deployment-bytes)"
+            )));
+        }
+        let (outcome, revision) = self
+            .functions
+            .deploy(&self.wasm, name, upload, self.inference())
+            .await?;
+        Ok(Deployed {
+            outcome,
+            revision: Some(revision),
+        })
+    }
+
+    /// Stops serving a function; a deployed one stays in the store, unloaded.
+    pub async fn unload_function(&self, name: &str) -> Result<(), ControlError> {
+        self.check_control(&format!("unload function '{name}'"))?;
+        self.functions.unload(name).await
+    }
+
+    /// Serves a deployed function's previous revision again.
+    pub async fn rollback_function(&self, name: &str) -> Result<Deployed, ControlError> {
+        self.check_control(&format!("roll back function '{name}'"))?;
+        let revision = self
+            .functions
+            .rollback(&self.wasm, name, self.inference())
+            .await?;
+        Ok(Deployed {
+            outcome: LoadOutcome::Loaded,
+            revision: Some(revision),
+        })
     }
 
     /// `--max-deployment-bytes`.

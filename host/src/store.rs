@@ -4,8 +4,11 @@
 //! ```text
 //! <store>/models/<model>/manifest.json   which revision serves, whether it is loaded, history
 //! <store>/models/<model>/<revision>/     a Triton model directory (config.pbtxt, 1/model.wasm…)
+//! <store>/functions/<function>/...       the same for functions (function.wasm, function.toml)
 //! <store>/tmp/                           deployments being written; emptied at start
 //! ```
+//!
+//! One [`Store`] value handles one area (`models` or `functions`).
 //!
 //! Crash safety comes from the order of the steps, each made durable before the next:
 //! a deployment is written under `tmp/` and fsynced, renamed to `models/<model>/<revision>/`
@@ -88,6 +91,8 @@ impl Drop for Staged {
 
 pub struct Store {
     root: PathBuf,
+    /// `models` or `functions`: the folder under `root` this store keeps.
+    area: &'static str,
     /// Manifests, as on disk. Writers hold the lock across the disk write, so memory and disk
     /// never disagree.
     manifests: Mutex<BTreeMap<String, Manifest>>,
@@ -160,14 +165,20 @@ fn now_unix() -> u64 {
 
 impl Store {
     /// Opens (creating it if needed) the store at `root`, and removes what a crash left behind.
-    pub fn open(root: &Path) -> Result<Store, StoreError> {
+    pub fn open(root: &Path, area: &'static str) -> Result<Store, StoreError> {
         create_private_dir(root)?;
-        let models = root.join("models");
+        let models = root.join(area);
         let tmp = root.join("tmp");
-        if tmp.exists() {
-            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-        }
         create_private_dir(&tmp)?;
+        // Staged deployments of this area a crash left behind (the other area's are its own).
+        let prefix = format!("{area}.");
+        for entry in fs::read_dir(&tmp).map_err(io(&tmp))? {
+            let entry = entry.map_err(io(&tmp))?;
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let path = entry.path();
+                fs::remove_dir_all(&path).map_err(io(&path))?;
+            }
+        }
         create_private_dir(&models)?;
         let mut manifests = BTreeMap::new();
         for entry in fs::read_dir(&models).map_err(io(&models))? {
@@ -221,6 +232,7 @@ impl Store {
         sync_dir(&models)?;
         Ok(Store {
             root: root.to_owned(),
+            area,
             manifests: Mutex::new(manifests),
         })
     }
@@ -234,7 +246,7 @@ impl Store {
     }
 
     fn model_dir(&self, name: &str) -> PathBuf {
-        self.root.join("models").join(name)
+        self.root.join(self.area).join(name)
     }
 
     /// Every deployed model with its manifest.
@@ -257,24 +269,25 @@ impl Store {
         self.model_dir(name).join(revision.to_string())
     }
 
-    /// Writes a model directory (`config.pbtxt` and `files`, paths already checked) under `tmp/`,
-    /// durably. Nothing of it is visible until [`Store::commit`].
+    /// Writes a deployment's folder (`files`, paths already checked) under `tmp/`, durably.
+    /// Nothing of it is visible until [`Store::commit`].
     pub fn stage(
         &self,
         name: &str,
-        config_text: &str,
         files: &[(PathBuf, bytes::Bytes)],
     ) -> Result<Staged, StoreError> {
         check_model_name(name)?;
         let nonce: u64 = rand_nonce();
-        let dir = self.root.join("tmp").join(format!("{name}.{nonce:016x}"));
+        let dir = self
+            .root
+            .join("tmp")
+            .join(format!("{}.{name}.{nonce:016x}", self.area));
         let staged = Staged {
             name: name.to_owned(),
             dir: dir.clone(),
             committed: false,
         };
         fs::create_dir(&dir).map_err(io(&dir))?;
-        write_durably(&dir.join("config.pbtxt"), config_text.as_bytes())?;
         let mut dirs = vec![dir.clone()];
         for (relative, bytes) in files {
             let path = dir.join(relative);
@@ -305,7 +318,7 @@ impl Store {
         let fresh = !model_dir.exists();
         fs::create_dir_all(&model_dir).map_err(io(&model_dir))?;
         if fresh {
-            sync_dir(&self.root.join("models"))?;
+            sync_dir(&self.root.join(self.area))?;
         }
         let next = {
             let manifests = self.manifests();
@@ -485,19 +498,19 @@ mod tests {
     #[test]
     fn deploy_publish_rollback_and_recover() {
         let root = scratch("cycle");
-        let store = Store::open(&root).expect("opens");
+        let store = Store::open(&root, "models").expect("opens");
         let files = [(
             PathBuf::from("1/model.wasm"),
             bytes::Bytes::from_static(b"v1"),
         )];
-        let staged = store.stage("m", "name: \"m\"", &files).expect("stages");
+        let staged = store.stage("m", &files).expect("stages");
         let (r1, dir1) = store.commit(staged).expect("commits");
         assert_eq!(fs::read(dir1.join("1/model.wasm")).expect("written"), b"v1");
         store.publish("m", r1, "h1").expect("publishes");
         for n in 2..=7u8 {
             let files = [(PathBuf::from("1/model.wasm"), bytes::Bytes::from(vec![n]))];
             let (r, _) = store
-                .commit(store.stage("m", "", &files).expect("stages"))
+                .commit(store.stage("m", &files).expect("stages"))
                 .expect("commits");
             store.publish("m", r, &format!("h{n}")).expect("publishes");
         }
@@ -509,12 +522,12 @@ mod tests {
 
         // A crash after a commit, before publish: the next start forgets it, and empties tmp.
         let (_, orphan_dir) = store
-            .commit(store.stage("m", "", &[]).expect("stages"))
+            .commit(store.stage("m", &[]).expect("stages"))
             .expect("commits");
-        let half = store.stage("m", "", &[]).expect("stages");
+        let half = store.stage("m", &[]).expect("stages");
         std::mem::forget(half);
         drop(store);
-        let store = Store::open(&root).expect("reopens");
+        let store = Store::open(&root, "models").expect("reopens");
         assert!(!orphan_dir.exists());
         assert_eq!(
             fs::read_dir(root.join("tmp")).expect("tmp").count(),
@@ -523,7 +536,7 @@ mod tests {
         );
         assert_eq!(store.manifest("m").expect("kept").current, 7);
         let (next, _) = store
-            .commit(store.stage("m", "", &[]).expect("stages"))
+            .commit(store.stage("m", &[]).expect("stages"))
             .expect("commits");
         assert_eq!(next, 8, "after the newest published revision");
         fs::remove_dir_all(&root).expect("cleans up");

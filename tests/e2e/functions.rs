@@ -333,3 +333,128 @@ async fn a_component_of_another_kind_is_refused_with_the_reason() {
     assert_eq!(status, 404);
     server.stop();
 }
+
+fn tessera(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("tessera runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn functions_deploy_roll_back_and_survive_restarts() {
+    let repo = temp_dir("empty-repo");
+    let store = temp_dir("function-store");
+    let args = ["--store", store.to_str().expect("utf-8")];
+    let server = TestServer::start(std::slice::from_ref(&repo), &args, &shared_cache()).await;
+    let base = server.base.clone();
+    let folder = temp_dir("greeter");
+    std::fs::copy(
+        repo_root().join("functions/hello/function.wasm"),
+        folder.join("function.wasm"),
+    )
+    .expect("hello is built");
+    let greet = |text: &str| {
+        std::fs::write(
+            folder.join("function.toml"),
+            format!("[env]\nGREETING = \"{text}\"\n"),
+        )
+        .expect("manifest");
+    };
+    let dir = folder.to_str().expect("utf-8");
+
+    greet("One");
+    let (ok, out) = tessera(&["deploy", dir, "--name", "greeter", "--server", &base]);
+    assert!(
+        ok && out.contains("revision 1") && out.contains("/v1/functions/greeter/"),
+        "{out}"
+    );
+    assert_eq!(
+        get(&server, "/v1/functions/greeter/").await,
+        (200, "One!\n".to_owned())
+    );
+    greet("Two");
+    let (ok, out) = tessera(&["deploy", dir, "--name", "greeter", "--server", &base]);
+    assert!(ok && out.contains("revision 2"), "{out}");
+    assert_eq!(
+        get(&server, "/v1/functions/greeter/").await,
+        (200, "Two!\n".to_owned())
+    );
+    let (ok, out) = tessera(&["deploy", dir, "--name", "greeter", "--server", &base]);
+    assert!(ok && out.contains("unchanged"), "{out}");
+
+    // A bad deployment is refused and changes nothing.
+    let model = std::fs::read(fixtures_repo().join("identity_echo/1/model.wasm")).expect("model");
+    let before = std::fs::read_dir(store.join("functions/greeter"))
+        .expect("store")
+        .count();
+    let (status, body) = {
+        use base64::Engine as _;
+        server
+            .post_json(
+                "/v2/repository/functions/greeter/load",
+                &json!({ "parameters": {
+                    "file:function.wasm": base64::engine::general_purpose::STANDARD.encode(&model)
+                }}),
+            )
+            .await
+    };
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("wasi:http"),
+        "{body}"
+    );
+    assert_eq!(
+        std::fs::read_dir(store.join("functions/greeter"))
+            .expect("store")
+            .count(),
+        before
+    );
+    assert_eq!(
+        get(&server, "/v1/functions/greeter/").await,
+        (200, "Two!\n".to_owned())
+    );
+
+    let (ok, out) = tessera(&["rollback", "greeter", "--function", "--server", &base]);
+    assert!(ok && out.contains("revision 1"), "{out}");
+    assert_eq!(
+        get(&server, "/v1/functions/greeter/").await,
+        (200, "One!\n".to_owned())
+    );
+
+    // Durable: a SIGKILL and a restart serve the same revision.
+    server.stop();
+    let server = TestServer::start(std::slice::from_ref(&repo), &args, &shared_cache()).await;
+    assert_eq!(
+        get(&server, "/v1/functions/greeter/").await,
+        (200, "One!\n".to_owned())
+    );
+    let (ok, out) = tessera(&["unload", "greeter", "--function", "--server", &server.base]);
+    assert!(ok, "{out}");
+    assert_eq!(get(&server, "/v1/functions/greeter/").await.0, 404);
+    server.stop();
+    let server = TestServer::start(std::slice::from_ref(&repo), &args, &shared_cache()).await;
+    assert_eq!(
+        get(&server, "/v1/functions/greeter/").await.0,
+        404,
+        "stays unloaded"
+    );
+    let (status, body) = server
+        .post_json("/v2/repository/functions/greeter/load", &json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        get(&server, "/v1/functions/greeter/").await,
+        (200, "One!\n".to_owned())
+    );
+    server.stop();
+}

@@ -50,6 +50,18 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
             "/v2/repository/models/{model}/rollback",
             post(rollback_model),
         )
+        .route(
+            "/v2/repository/functions/{function}/load",
+            post(load_function),
+        )
+        .route(
+            "/v2/repository/functions/{function}/unload",
+            post(unload_function),
+        )
+        .route(
+            "/v2/repository/functions/{function}/rollback",
+            post(rollback_function),
+        )
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
         .route("/v2/models/{model}/config", get(model_config))
@@ -534,6 +546,81 @@ async fn unload_model(
     };
     match s.server.unload_model(&model, dependents).await {
         Ok(unloaded) => json_ok(json!({ "model": model, "unloaded": unloaded })),
+        Err(e) => control_error(&e),
+    }
+}
+
+/// `POST /v2/repository/functions/{f}/load` (tessera): deploys a function, with the parameters
+/// `file:function.wasm` (base64) and `manifest` (the `function.toml` text, optional); without a
+/// component, loads the function again from its folder or the store.
+async fn load_function(
+    State(s): State<AppState>,
+    Path(function): Path<String>,
+    body: Body,
+) -> Response {
+    use base64::Engine as _;
+    let limit = s
+        .server
+        .max_deployment_bytes()
+        .saturating_mul(4)
+        .div_ceil(3)
+        .saturating_add(1 << 20);
+    let body = match read_body(body, limit, "--max-deployment-bytes").await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parameters = match control_parameters(&body) {
+        Ok(p) => p,
+        Err(e) => return control_error(&e),
+    };
+    let (mut component, mut manifest) = (None, None);
+    for (key, value) in parameters {
+        let invalid = |m: String| control_error(&ControlError::Invalid(m));
+        match (key.as_str(), value) {
+            ("manifest", Value::String(text)) => manifest = Some(text),
+            ("file:function.wasm", Value::String(encoded)) => {
+                match base64::engine::general_purpose::STANDARD.decode(encoded.as_bytes()) {
+                    Ok(bytes) => component = Some(Bytes::from(bytes)),
+                    Err(e) => {
+                        return invalid(format!("'file:function.wasm' is not valid base64: {e}"));
+                    }
+                }
+            }
+            (key, _) => {
+                return invalid(format!(
+                    "unknown or malformed parameter '{key}' (expected 'file:function.wasm' as base64 and 'manifest' as text)"
+                ));
+            }
+        }
+    }
+    let upload = match (component, manifest) {
+        (Some(component), manifest) => Some(crate::functions::FunctionUpload {
+            component,
+            manifest,
+        }),
+        (None, Some(_)) => {
+            return control_error(&ControlError::Invalid(
+                "a manifest needs its component ('file:function.wasm')".into(),
+            ));
+        }
+        (None, None) => None,
+    };
+    match s.server.load_function(&function, upload).await {
+        Ok(d) => json_ok(deployed_json(&function, &d)),
+        Err(e) => control_error(&e),
+    }
+}
+
+async fn unload_function(State(s): State<AppState>, Path(function): Path<String>) -> Response {
+    match s.server.unload_function(&function).await {
+        Ok(()) => json_ok(json!({ "function": function, "unloaded": true })),
+        Err(e) => control_error(&e),
+    }
+}
+
+async fn rollback_function(State(s): State<AppState>, Path(function): Path<String>) -> Response {
+    match s.server.rollback_function(&function).await {
+        Ok(d) => json_ok(deployed_json(&function, &d)),
         Err(e) => control_error(&e),
     }
 }
