@@ -19,6 +19,7 @@ PINS=(
   "numpy"
   "tritonclient[http]==2.73.0"
   "pytest==9.2.0"
+  "pillow==13.0.0"
 )
 
 if [ ! -x .venv/bin/python ]; then
