@@ -458,3 +458,65 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
     );
     server.stop();
 }
+
+#[tokio::test]
+async fn a_function_swaps_under_load_without_errors() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let repo = temp_dir("empty-repo");
+    let server = Arc::new(TestServer::start(&[repo], &[], &shared_cache()).await);
+    let component =
+        std::fs::read(repo_root().join("functions/hello/function.wasm")).expect("hello");
+    let deploy = |greeting: &str| {
+        use base64::Engine as _;
+        json!({ "parameters": {
+            "file:function.wasm": base64::engine::general_purpose::STANDARD.encode(&component),
+            "manifest": format!("[env]\nGREETING = \"{greeting}\"\n"),
+        }})
+    };
+    let (status, body) = server
+        .post_json("/v2/repository/functions/swap/load", &deploy("Old"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (server, stop) = (server.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    seen.push(get(&server, "/v1/functions/swap/").await);
+                }
+                seen
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, body) = server
+        .post_json("/v2/repository/functions/swap/load", &deploy("New"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get(&server, "/v1/functions/swap/").await.1, "New!\n");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut old, mut new) = (0, 0);
+    for client in clients {
+        let seen = client.await.expect("client");
+        assert!(
+            seen.iter().all(|(s, _)| *s == 200),
+            "no failed invocation: {seen:?}"
+        );
+        let switch = seen
+            .iter()
+            .position(|(_, t)| t == "New!\n")
+            .unwrap_or(seen.len());
+        assert!(
+            seen[..switch].iter().all(|(_, t)| t == "Old!\n")
+                && seen[switch..].iter().all(|(_, t)| t == "New!\n"),
+            "old, then new, never back"
+        );
+        old += switch;
+        new += seen.len() - switch;
+    }
+    assert!(old > 0 && new > 0, "{old} old, {new} new");
+}

@@ -239,7 +239,14 @@ impl WasmFunction {
         if declared.is_some_and(|n| n > max_request as u64) {
             return Err(InvokeError::RequestTooLarge(max_request));
         }
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        // wasi:http needs an authority; an HTTP/1.0 client may send no Host.
+        if parts.uri.authority().is_none() && !parts.headers.contains_key(http::header::HOST) {
+            parts.headers.insert(
+                http::header::HOST,
+                http::HeaderValue::from_static("localhost"),
+            );
+        }
         // A body without a length is cut at the limit: the guest's read fails there.
         let body = http_body_util::Limited::new(body, max_request).map_err(move |e| {
             if e.is::<http_body_util::LengthLimitError>() {
