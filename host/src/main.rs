@@ -405,6 +405,14 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         serve.http_max_input_size,
         serve.verbose_errors,
     );
+    // Without TCP_NODELAY, a response written in parts (a function's head, then its streamed
+    // body) waits on the client's delayed ACK: 40 ms stalls at the tail.
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
