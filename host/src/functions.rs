@@ -327,7 +327,7 @@ impl Functions {
             .await
             .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
         if let Some(store) = &self.store {
-            store.set_loaded(name, true)?;
+            tokio::task::block_in_place(|| store.set_loaded(name, true))?;
         }
         self.set(name, Some(FunctionEntry::Ready(function)));
         Ok(())
@@ -343,7 +343,7 @@ impl Functions {
             )));
         }
         if let Some(store) = &self.store {
-            store.set_loaded(name, false)?;
+            tokio::task::block_in_place(|| store.set_loaded(name, false))?;
         }
         self.set(name, None);
         Ok(())
@@ -365,7 +365,7 @@ impl Functions {
         let function = load_one(runtime, name, &dir, inference)
             .await
             .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
-        store.publish(name, revision, &hash)?;
+        tokio::task::block_in_place(|| store.publish(name, revision, &hash))?;
         self.set(name, Some(FunctionEntry::Ready(function)));
         Ok(revision)
     }

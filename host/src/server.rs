@@ -378,7 +378,7 @@ impl Server {
             if let (Some(store), Some(Origin::Store { revision })) =
                 (self.repository.store(), self.repository.origin(name))
             {
-                store.set_loaded(name, true)?;
+                tokio::task::block_in_place(|| store.set_loaded(name, true))?;
                 return Ok(Deployed {
                     outcome,
                     revision: Some(revision),
@@ -437,14 +437,14 @@ impl Server {
             Ok(built) => built,
             Err(e) => {
                 if !rollback {
-                    store.discard(name, revision);
+                    tokio::task::block_in_place(|| store.discard(name, revision));
                 }
                 return Err(e);
             }
         };
         let Some(candidate) = built else {
             if !rollback {
-                store.discard(name, revision);
+                tokio::task::block_in_place(|| store.discard(name, revision));
             }
             return Ok(Deployed {
                 outcome: LoadOutcome::Unchanged,
@@ -454,7 +454,7 @@ impl Server {
         if !candidate.failures().is_empty() {
             let result = control.publish(candidate).await;
             if !rollback {
-                store.discard(name, revision);
+                tokio::task::block_in_place(|| store.discard(name, revision));
             }
             return Err(result
                 .err()
@@ -462,9 +462,9 @@ impl Server {
         }
         // Durable before it serves: a crash from here on restarts with this revision.
         let hash = sha256.unwrap_or_else(|| candidate.fingerprint().sha256_hex());
-        if let Err(e) = store.publish(name, revision, &hash) {
+        if let Err(e) = tokio::task::block_in_place(|| store.publish(name, revision, &hash)) {
             if !rollback {
-                store.discard(name, revision);
+                tokio::task::block_in_place(|| store.discard(name, revision));
             }
             return Err(e.into());
         }
@@ -519,7 +519,7 @@ impl Server {
         if let Some(store) = self.repository.store() {
             for model in &unloaded {
                 if matches!(self.repository.origin(model), Some(Origin::Store { .. })) {
-                    store.set_loaded(model, false)?;
+                    tokio::task::block_in_place(|| store.set_loaded(model, false))?;
                 }
             }
         }

@@ -10,6 +10,8 @@
 //!
 //! One [`Store`] value handles one area (`models` or `functions`).
 //!
+//! Its methods block on the disk (fsync); callers run them off the async workers.
+//!
 //! Crash safety comes from the order of the steps, each made durable before the next:
 //! a deployment is written under `tmp/` and fsynced, renamed to `models/<model>/<revision>/`
 //! (the rename and the directory fsynced), and only then named in the manifest, which is replaced
