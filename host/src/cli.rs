@@ -124,14 +124,7 @@ pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Res
             ready.status()
         );
     }
-    let outcome = answer
-        .get("outcome")
-        .and_then(Value::as_str)
-        .unwrap_or("loaded");
-    let revision = answer
-        .get("revision")
-        .and_then(Value::as_u64)
-        .map_or(String::new(), |r| format!(" revision {r}"));
+    let (outcome, revision) = outcome_of(&answer);
     println!(
         "{name}{revision}: {outcome}, {total} bytes, READY in {} ms",
         started.elapsed().as_millis()
@@ -175,6 +168,18 @@ async fn deploy_function(server: &str, dir: &Path, name: Option<&str>) -> anyhow
     )
     .await
     .with_context(|| format!("deploying function '{name}' failed"))?;
+    let (outcome, revision) = outcome_of(&answer);
+    println!(
+        "function {name}{revision}: {outcome}, {} bytes, serving in {} ms",
+        component.len(),
+        started.elapsed().as_millis()
+    );
+    println!("  {}", url(server, &format!("/v1/functions/{name}/")));
+    Ok(())
+}
+
+/// What a load answered: `loaded` or `unchanged`, and ` revision N` for a store deployment.
+fn outcome_of(answer: &Value) -> (&str, String) {
     let outcome = answer
         .get("outcome")
         .and_then(Value::as_str)
@@ -183,13 +188,7 @@ async fn deploy_function(server: &str, dir: &Path, name: Option<&str>) -> anyhow
         .get("revision")
         .and_then(Value::as_u64)
         .map_or(String::new(), |r| format!(" revision {r}"));
-    println!(
-        "function {name}{revision}: {outcome}, {} bytes, serving in {} ms",
-        component.len(),
-        started.elapsed().as_millis()
-    );
-    println!("  {}", url(server, &format!("/v1/functions/{name}/")));
-    Ok(())
+    (outcome, revision)
 }
 
 /// `tessera models`.

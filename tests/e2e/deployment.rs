@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, fixtures_repo, output_f32, repo_root, shared_cache, temp_dir};
+use crate::harness::{
+    TestServer, fixtures_repo, output_f32, repo_root, shared_cache, temp_dir, tessera_cli,
+};
 
 /// The `identity_echo` fixture: `Y = X + offset` (its config's `offset` parameter).
 fn echo_component() -> Vec<u8> {
@@ -408,20 +410,6 @@ async fn bad_deployments_are_refused_and_change_nothing() {
     server.stop();
 }
 
-fn tessera(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("tessera runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 #[tokio::test]
 async fn rollback_unload_and_restart_with_the_command_line() {
     let repo = temp_dir("empty-repo");
@@ -446,28 +434,28 @@ async fn rollback_unload_and_restart_with_the_command_line() {
     };
     let dir = model_dir.to_str().expect("utf-8");
     write_config(1);
-    let (ok, out) = tessera(&["deploy", dir, "--server", &base]);
+    let (ok, out) = tessera_cli(&["deploy", dir, "--server", &base]);
     assert!(ok, "{out}");
     assert!(
         out.contains("revision 1") && out.contains("/v2/models/cli/infer"),
         "{out}"
     );
     write_config(2);
-    let (ok, out) = tessera(&["deploy", dir, "--server", &base]);
+    let (ok, out) = tessera_cli(&["deploy", dir, "--server", &base]);
     assert!(ok && out.contains("revision 2"), "{out}");
     assert_eq!(answer(&server, "cli").await, Ok(2.0));
-    let (ok, out) = tessera(&["deploy", dir, "--server", &base]);
+    let (ok, out) = tessera_cli(&["deploy", dir, "--server", &base]);
     assert!(
         ok && out.contains("unchanged"),
         "a re-deploy of the same files: {out}"
     );
 
-    let (ok, out) = tessera(&["rollback", "cli", "--server", &base]);
+    let (ok, out) = tessera_cli(&["rollback", "cli", "--server", &base]);
     assert!(ok && out.contains("revision 1"), "{out}");
     assert_eq!(answer(&server, "cli").await, Ok(1.0));
-    let (ok, out) = tessera(&["models", "--server", &base]);
+    let (ok, out) = tessera_cli(&["models", "--server", &base]);
     assert!(ok && out.contains("cli") && out.contains("READY"), "{out}");
-    let (ok, out) = tessera(&["rollback", "nothing", "--server", &base]);
+    let (ok, out) = tessera_cli(&["rollback", "nothing", "--server", &base]);
     assert!(!ok && out.contains("no deployed revision"), "{out}");
     assert!(
         !out.contains("backtrace"),
@@ -488,7 +476,7 @@ async fn rollback_unload_and_restart_with_the_command_line() {
     );
 
     // An unload is durable too; loading it again serves the same revision.
-    let (ok, out) = tessera(&["unload", "cli", "--server", &server.base]);
+    let (ok, out) = tessera_cli(&["unload", "cli", "--server", &server.base]);
     assert!(ok && out.contains("cli"), "{out}");
     assert!(answer(&server, "cli").await.is_err());
     server.stop();

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{
     TestServer, examples_repo, fixtures_repo, repo_root, require_onnx_runtime, shared_cache,
-    temp_dir,
+    temp_dir, tessera_cli,
 };
 
 fn example_functions() -> String {
@@ -334,19 +334,6 @@ async fn a_component_of_another_kind_is_refused_with_the_reason() {
     server.stop();
 }
 
-fn tessera(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("tessera runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 #[tokio::test]
 async fn functions_deploy_roll_back_and_survive_restarts() {
     let repo = temp_dir("empty-repo");
@@ -370,7 +357,7 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
     let dir = folder.to_str().expect("utf-8");
 
     greet("One");
-    let (ok, out) = tessera(&["deploy", dir, "--name", "greeter", "--server", &base]);
+    let (ok, out) = tessera_cli(&["deploy", dir, "--name", "greeter", "--server", &base]);
     assert!(
         ok && out.contains("revision 1") && out.contains("/v1/functions/greeter/"),
         "{out}"
@@ -380,13 +367,13 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
         (200, "One!\n".to_owned())
     );
     greet("Two");
-    let (ok, out) = tessera(&["deploy", dir, "--name", "greeter", "--server", &base]);
+    let (ok, out) = tessera_cli(&["deploy", dir, "--name", "greeter", "--server", &base]);
     assert!(ok && out.contains("revision 2"), "{out}");
     assert_eq!(
         get(&server, "/v1/functions/greeter/").await,
         (200, "Two!\n".to_owned())
     );
-    let (ok, out) = tessera(&["deploy", dir, "--name", "greeter", "--server", &base]);
+    let (ok, out) = tessera_cli(&["deploy", dir, "--name", "greeter", "--server", &base]);
     assert!(ok && out.contains("unchanged"), "{out}");
 
     // A bad deployment is refused and changes nothing.
@@ -424,7 +411,7 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
         (200, "Two!\n".to_owned())
     );
 
-    let (ok, out) = tessera(&["rollback", "greeter", "--function", "--server", &base]);
+    let (ok, out) = tessera_cli(&["rollback", "greeter", "--function", "--server", &base]);
     assert!(ok && out.contains("revision 1"), "{out}");
     assert_eq!(
         get(&server, "/v1/functions/greeter/").await,
@@ -438,7 +425,7 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
         get(&server, "/v1/functions/greeter/").await,
         (200, "One!\n".to_owned())
     );
-    let (ok, out) = tessera(&["unload", "greeter", "--function", "--server", &server.base]);
+    let (ok, out) = tessera_cli(&["unload", "greeter", "--function", "--server", &server.base]);
     assert!(ok, "{out}");
     assert_eq!(get(&server, "/v1/functions/greeter/").await.0, 404);
     server.stop();

@@ -324,6 +324,22 @@ impl Drop for TestServer {
     }
 }
 
+/// Runs the `tessera` command (a client command such as `deploy`); returns whether it succeeded
+/// and what it printed, stdout then stderr.
+pub fn tessera_cli(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("tessera runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// One compiled-code cache for every test run (under cargo's target directory, so it persists and
 /// a second run does not recompile; tests of the cache itself use their own directory).
 pub fn shared_cache() -> PathBuf {

@@ -462,24 +462,31 @@ fn control_parameters(body: &[u8]) -> Result<serde_json::Map<String, Value>, Con
     }
 }
 
-/// `POST /v2/repository/models/{m}/load`: `config` (a JSON string) and `file:<path>` (base64)
-/// parameters, as Triton takes them.
-async fn load_model(State(s): State<AppState>, Path(model): Path<String>, body: Body) -> Response {
-    use base64::Engine as _;
-    // Base64 is 4/3 of the files, plus the config and the JSON around them.
+/// The `parameters` of a deployment request, its body bounded by `--max-deployment-bytes`
+/// (base64 is 4/3 of the files, plus a config or manifest and the JSON around them).
+async fn deployment_parameters(
+    s: &AppState,
+    body: Body,
+) -> Result<serde_json::Map<String, Value>, Box<Response>> {
     let limit = s
         .server
         .max_deployment_bytes()
         .saturating_mul(4)
         .div_ceil(3)
         .saturating_add(1 << 20);
-    let body = match read_body(body, limit, "--max-deployment-bytes").await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let parameters = match control_parameters(&body) {
+    let body = read_body(body, limit, "--max-deployment-bytes")
+        .await
+        .map_err(Box::new)?;
+    control_parameters(&body).map_err(|e| Box::new(control_error(&e)))
+}
+
+/// `POST /v2/repository/models/{m}/load`: `config` (a JSON string) and `file:<path>` (base64)
+/// parameters, as Triton takes them.
+async fn load_model(State(s): State<AppState>, Path(model): Path<String>, body: Body) -> Response {
+    use base64::Engine as _;
+    let parameters = match deployment_parameters(&s, body).await {
         Ok(p) => p,
-        Err(e) => return control_error(&e),
+        Err(r) => return *r,
     };
     let mut request = LoadRequest::default();
     for (key, value) in parameters {
@@ -559,19 +566,9 @@ async fn load_function(
     body: Body,
 ) -> Response {
     use base64::Engine as _;
-    let limit = s
-        .server
-        .max_deployment_bytes()
-        .saturating_mul(4)
-        .div_ceil(3)
-        .saturating_add(1 << 20);
-    let body = match read_body(body, limit, "--max-deployment-bytes").await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let parameters = match control_parameters(&body) {
+    let parameters = match deployment_parameters(&s, body).await {
         Ok(p) => p,
-        Err(e) => return control_error(&e),
+        Err(r) => return *r,
     };
     let (mut component, mut manifest) = (None, None);
     for (key, value) in parameters {
