@@ -150,21 +150,12 @@ impl WasmRuntime {
             &counter_key,
             &self.counters.for_model(&counter_key),
         )?;
-        let exports: Vec<String> = component
-            .component_type()
-            .exports(&self.engine)
-            .map(|(name, _)| name.to_owned())
-            .collect();
-        if !exports.iter().any(|e| e.starts_with(INCOMING_HANDLER)) {
-            return Err(LoadError::invalid(format!(
-                "function '{name}' is not a wasi:http component: it does not export {INCOMING_HANDLER}.x (it exports: {})",
-                if exports.is_empty() {
-                    "nothing".to_owned()
-                } else {
-                    exports.join(", ")
-                }
-            )));
-        }
+        super::check_export(
+            &self.engine,
+            &component,
+            INCOMING_HANDLER,
+            &format!("function '{name}' is not a wasi:http component"),
+        )?;
         let instance_pre = self
             .function_linker
             .instantiate_pre(&component)

@@ -165,6 +165,33 @@ pub fn check_component_binary(path: &str, bytes: &[u8]) -> Result<(), String> {
     }
 }
 
+/// Checks from the component's type, before anything is instantiated, that it exports an
+/// interface named `wanted` (a prefix: any patch version), so a component built for another
+/// world is refused as such, naming what it exports instead. `what` starts the message.
+fn check_export(
+    engine: &Engine,
+    component: &Component,
+    wanted: &str,
+    what: &str,
+) -> Result<(), LoadError> {
+    let exports: Vec<String> = component
+        .component_type()
+        .exports(engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    if exports.iter().any(|e| e.starts_with(wanted)) {
+        return Ok(());
+    }
+    let list = if exports.is_empty() {
+        "nothing".to_owned()
+    } else {
+        exports.join(", ")
+    };
+    Err(LoadError::invalid(format!(
+        "{what}: it does not export {wanted} (it exports: {list})"
+    )))
+}
+
 /// Compiles (or takes from the cache) and pre-instantiates one model version.
 fn prepare(
     runtime: &WasmRuntime,
@@ -185,24 +212,15 @@ fn prepare(
     check_component_binary(&component_path.display().to_string(), &bytes)
         .map_err(LoadError::invalid)?;
     let component = runtime.component(&bytes, name)?;
-    // Checked by the component's type before anything is instantiated, so a component built
-    // for another world is named as such.
-    let exports: Vec<String> = component
-        .component_type()
-        .exports(&runtime.engine)
-        .map(|(name, _)| name.to_owned())
-        .collect();
-    if !exports.iter().any(|e| e.starts_with(HANDLER_EXPORT)) {
-        return Err(LoadError::invalid(format!(
-            "{} is not a component of the tessera:inference/model world: it does not export {HANDLER_EXPORT} (it exports: {})",
-            component_path.display(),
-            if exports.is_empty() {
-                "nothing".to_owned()
-            } else {
-                exports.join(", ")
-            }
-        )));
-    }
+    check_export(
+        &runtime.engine,
+        &component,
+        HANDLER_EXPORT,
+        &format!(
+            "{} is not a component of the tessera:inference/model world",
+            component_path.display()
+        ),
+    )?;
     let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         LoadError::invalid(format!(
             "{} does not fit the tessera:inference/model world: {e:#}",
