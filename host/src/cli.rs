@@ -10,8 +10,20 @@ use serde_json::{Value, json};
 
 use crate::config;
 
+/// An HTTP client that sends `TESSERA_API_KEY` (a tenant's key or the admin key) as a bearer
+/// token when it is set.
 fn client() -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Ok(key) = std::env::var("TESSERA_API_KEY")
+        && !key.trim().is_empty()
+    {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+            .context("TESSERA_API_KEY is not a valid header value")?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     reqwest::Client::builder()
+        .default_headers(headers)
         .build()
         .context("cannot create an HTTP client")
 }
@@ -22,9 +34,22 @@ fn url(server: &str, path: &str) -> String {
 
 /// Sends a POST with a JSON body; an error answer becomes an error with the server's message.
 async fn post(server: &str, path: &str, body: Value) -> anyhow::Result<Value> {
-    let response = client()?
-        .post(url(server, path))
-        .json(&body)
+    request(server, reqwest::Method::POST, path, Some(body)).await
+}
+
+/// Sends a request (with a JSON body if given); an error answer becomes an error with the
+/// server's message.
+async fn request(
+    server: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
+    let mut builder = client()?.request(method, url(server, path));
+    if let Some(body) = body {
+        builder = builder.json(&body);
+    }
+    let response = builder
         .send()
         .await
         .with_context(|| format!("cannot reach the server at {server}"))?;
@@ -285,4 +310,139 @@ pub async fn unload(
         .collect();
     println!("unloaded: {}", unloaded.join(", "));
     Ok(())
+}
+
+/// `tessera tenants ...`: the admin API (`/v1/tenants`), with the admin key in
+/// `TESSERA_API_KEY`.
+pub mod tenants {
+    use anyhow::Context;
+    use reqwest::Method;
+    use serde_json::{Value, json};
+
+    use super::request;
+
+    pub async fn list(server: &str) -> anyhow::Result<()> {
+        let rows = request(server, Method::GET, "/v1/tenants", None).await?;
+        for t in rows.as_array().into_iter().flatten() {
+            let names = |k: &str| -> String {
+                t.get(k)
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default()
+            };
+            println!(
+                "{}\tkeys: {}\tgrants: {}\tquotas: {}",
+                t.get("name").and_then(Value::as_str).unwrap_or(""),
+                names("keys"),
+                names("grants"),
+                t.get("quotas").cloned().unwrap_or(Value::Null)
+            );
+        }
+        Ok(())
+    }
+
+    pub async fn create(server: &str, tenant: &str) -> anyhow::Result<()> {
+        request(
+            server,
+            Method::POST,
+            "/v1/tenants",
+            Some(json!({ "name": tenant })),
+        )
+        .await?;
+        println!("created tenant '{tenant}'; issue it a key with: tessera tenants key {tenant}");
+        Ok(())
+    }
+
+    pub async fn delete(server: &str, tenant: &str) -> anyhow::Result<()> {
+        request(
+            server,
+            Method::DELETE,
+            &format!("/v1/tenants/{tenant}"),
+            None,
+        )
+        .await?;
+        println!("deleted tenant '{tenant}' with its keys, models and functions");
+        Ok(())
+    }
+
+    pub async fn issue_key(server: &str, tenant: &str) -> anyhow::Result<()> {
+        let answer = request(
+            server,
+            Method::POST,
+            &format!("/v1/tenants/{tenant}/keys"),
+            None,
+        )
+        .await?;
+        let field = |k: &str| {
+            answer
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        eprintln!(
+            "key '{}' for tenant '{tenant}' (shown only now; revoke with: tessera tenants revoke {tenant} {}):",
+            field("id"),
+            field("id")
+        );
+        println!("{}", field("key"));
+        Ok(())
+    }
+
+    pub async fn revoke_key(server: &str, tenant: &str, id: &str) -> anyhow::Result<()> {
+        request(
+            server,
+            Method::DELETE,
+            &format!("/v1/tenants/{tenant}/keys/{id}"),
+            None,
+        )
+        .await?;
+        println!("revoked key '{id}' of tenant '{tenant}'");
+        Ok(())
+    }
+
+    pub async fn set_quotas(server: &str, tenant: &str, settings: &[String]) -> anyhow::Result<()> {
+        let mut patch = serde_json::Map::new();
+        for setting in settings {
+            let (name, value) = setting
+                .split_once('=')
+                .with_context(|| format!("'{setting}': expected NAME=VALUE"))?;
+            let value: u64 = value
+                .trim()
+                .parse()
+                .with_context(|| format!("'{setting}': the value must be a whole number"))?;
+            patch.insert(name.trim().to_owned(), json!(value));
+        }
+        let quotas = request(
+            server,
+            Method::PUT,
+            &format!("/v1/tenants/{tenant}/quotas"),
+            Some(Value::Object(patch)),
+        )
+        .await?;
+        println!("{}", serde_json::to_string_pretty(&quotas)?);
+        Ok(())
+    }
+
+    pub async fn grant(server: &str, tenant: &str, model: &str, allow: bool) -> anyhow::Result<()> {
+        let method = if allow { Method::POST } else { Method::DELETE };
+        request(
+            server,
+            method,
+            &format!("/v1/tenants/{tenant}/grants/{model}"),
+            None,
+        )
+        .await?;
+        if allow {
+            println!("tenant '{tenant}' may now call '{model}'");
+        } else {
+            println!("tenant '{tenant}' may no longer call '{model}'");
+        }
+        Ok(())
+    }
 }

@@ -37,7 +37,8 @@ use serde::Deserialize;
 use crate::backend::wasm::{FunctionLimits, Limits, WasmFunction, WasmRuntime};
 use crate::infer::Inference;
 use crate::repository::{ControlError, LoadOutcome};
-use crate::store::{Store, check_model_name};
+use crate::store::{Store, check_key};
+use crate::tenants::{Tenants, WasmCeiling};
 
 /// The component of a function, in its folder.
 pub const COMPONENT_FILE: &str = "function.wasm";
@@ -146,6 +147,8 @@ pub struct Functions {
     dirs: std::sync::Mutex<Vec<PathBuf>>,
     /// One load, deployment, unload or rollback at a time.
     control: tokio::sync::Mutex<()>,
+    /// Tenants' Wasm ceilings clamp their functions' limits.
+    tenants: Arc<Tenants>,
 }
 
 /// A function deployment: its component and its manifest (`function.toml` text; none: defaults).
@@ -165,12 +168,34 @@ fn fingerprint(component: &[u8], manifest: &str) -> String {
 }
 
 impl Functions {
-    pub fn new(store: Option<Arc<Store>>) -> Functions {
+    pub fn new(store: Option<Arc<Store>>, tenants: Arc<Tenants>) -> Functions {
         Functions {
             table: ArcSwap::default(),
             store,
             dirs: std::sync::Mutex::new(Vec::new()),
             control: tokio::sync::Mutex::new(()),
+            tenants,
+        }
+    }
+
+    /// How many functions `tenant` has deployed and their bytes, leaving out `except`.
+    pub fn usage(&self, tenant: &str, except: &str) -> (usize, u64) {
+        self.store
+            .as_ref()
+            .map_or((0, 0), |s| s.usage(tenant, except))
+    }
+
+    /// Stops serving every function of `tenant` and forgets its deployments.
+    pub async fn remove_tenant(&self, tenant: &str) {
+        let _control = self.control.lock().await;
+        let prefix = crate::namespace::qualify(Some(tenant), "");
+        let mut next = BTreeMap::clone(&self.table.load());
+        next.retain(|key, _| !key.starts_with(&prefix));
+        self.table.store(Arc::new(next));
+        if let Some(store) = &self.store
+            && let Err(e) = tokio::task::block_in_place(|| store.remove_tenant(tenant))
+        {
+            tracing::warn!(tenant, "removing the functions of a deleted tenant: {e}");
         }
     }
 
@@ -189,6 +214,10 @@ impl Functions {
     fn source_of(&self, name: &str) -> Option<PathBuf> {
         if let Some((dir, _)) = self.store.as_ref().and_then(|s| s.current_dir(name)) {
             return Some(dir);
+        }
+        // The `--functions` folders hold the operator's functions only.
+        if crate::namespace::split(name).0.is_some() {
+            return None;
         }
         let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
         dirs.iter()
@@ -239,7 +268,15 @@ impl Functions {
         }
         let mut table = BTreeMap::new();
         for (name, folder) in folders {
-            let entry = match load_one(runtime, &name, &folder, inference.clone()).await {
+            let entry = match load_one(
+                runtime,
+                &name,
+                &folder,
+                inference.clone(),
+                self.tenants.ceiling(&name),
+            )
+            .await
+            {
                 Ok(f) => {
                     tracing::info!(function = %name, "serving at /v1/functions/{name}/");
                     FunctionEntry::Ready(f)
@@ -264,7 +301,7 @@ impl Functions {
         upload: FunctionUpload,
         inference: Weak<dyn Inference>,
     ) -> Result<(LoadOutcome, u64), ControlError> {
-        check_model_name(name)?;
+        check_key(name)?;
         let store = self.store.clone().ok_or_else(|| {
             ControlError::NotAllowed(format!(
                 "failed to deploy function '{name}': this server runs without a deployment store (--store)"
@@ -288,6 +325,7 @@ impl Functions {
             upload.component.clone(),
             manifest.clone(),
             inference,
+            self.tenants.ceiling(name),
         )
         .await
         .map_err(|e| ControlError::Invalid(format!("failed to deploy function '{name}': {e}")))?;
@@ -316,14 +354,14 @@ impl Functions {
         name: &str,
         inference: Weak<dyn Inference>,
     ) -> Result<(), ControlError> {
-        check_model_name(name)?;
+        check_key(name)?;
         let _control = self.control.lock().await;
         let dir = self.source_of(name).ok_or_else(|| {
             ControlError::NotFound(format!(
                 "function '{name}' is in no --functions folder and not in the store"
             ))
         })?;
-        let function = load_one(runtime, name, &dir, inference)
+        let function = load_one(runtime, name, &dir, inference, self.tenants.ceiling(name))
             .await
             .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
         if let Some(store) = &self.store {
@@ -356,13 +394,13 @@ impl Functions {
         name: &str,
         inference: Weak<dyn Inference>,
     ) -> Result<u64, ControlError> {
-        check_model_name(name)?;
+        check_key(name)?;
         let store = self.store.clone().ok_or_else(|| {
             ControlError::NotAllowed("this server runs without a deployment store (--store)".into())
         })?;
         let _control = self.control.lock().await;
         let (revision, dir, hash) = store.previous(name)?;
-        let function = load_one(runtime, name, &dir, inference)
+        let function = load_one(runtime, name, &dir, inference, self.tenants.ceiling(name))
             .await
             .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
         tokio::task::block_in_place(|| store.publish(name, revision, &hash))?;
@@ -475,8 +513,9 @@ async fn load_one(
     name: &str,
     folder: &Path,
     inference: Weak<dyn Inference>,
+    ceiling: Option<WasmCeiling>,
 ) -> Result<Arc<WasmFunction>, String> {
-    check_model_name(name).map_err(|e| e.to_string())?;
+    check_key(name).map_err(|e| e.to_string())?;
     let folder = folder.to_owned();
     let (component, manifest) = tokio::task::spawn_blocking(move || {
         let manifest_path = folder.join(MANIFEST_FILE);
@@ -492,7 +531,7 @@ async fn load_one(
     })
     .await
     .map_err(|e| format!("loading failed: {e}"))??;
-    prepare(runtime, name, component, manifest, inference).await
+    prepare(runtime, name, component, manifest, inference, ceiling).await
 }
 
 /// Parses the manifest, then compiles and links the component (blocking work, off the workers).
@@ -502,8 +541,15 @@ async fn prepare(
     component: bytes::Bytes,
     manifest: String,
     inference: Weak<dyn Inference>,
+    ceiling: Option<WasmCeiling>,
 ) -> Result<Arc<WasmFunction>, String> {
-    let spec = parse_manifest(&manifest).map_err(|e| format!("{MANIFEST_FILE}: {e}"))?;
+    let mut spec = parse_manifest(&manifest).map_err(|e| format!("{MANIFEST_FILE}: {e}"))?;
+    if let Some(ceiling) = ceiling {
+        let sandbox = &mut spec.limits.sandbox;
+        let max_memory = usize::try_from(ceiling.max_memory_bytes).unwrap_or(usize::MAX);
+        sandbox.max_memory_bytes = sandbox.max_memory_bytes.min(max_memory);
+        sandbox.execute_deadline = sandbox.execute_deadline.min(ceiling.max_time);
+    }
     let (runtime, name) = (runtime.clone(), name.to_owned());
     tokio::task::spawn_blocking(move || {
         runtime

@@ -2,9 +2,10 @@
 //! in place of Triton's Python backend.
 //!
 //! The request path, top to bottom (docs/architecture.md has the layers and the decisions):
-//! [`protocol`] decodes a request and makes its [`infer::CallContext`] →
-//! [`server::Server::infer`] checks BLS cycles, depth and admission, and finds the model version
-//! in the [`repository`]'s table → [`model::ModelVersion::infer`] checks it against the
+//! [`protocol`] authenticates the caller ([`tenants`]), decodes a request and makes its
+//! [`infer::CallContext`] → [`server::Server::infer`] resolves the name in the caller's
+//! [`namespace`], checks BLS cycles, depth, admission and the tenant's quotas, and finds the
+//! model version in the [`repository`]'s table → [`model::ModelVersion::infer`] checks it against the
 //! [`config`] → the [`scheduler`] queues and batches it → a [`backend`] instance executes the
 //! batch → outputs are checked and shaped, and the response travels back the same way.
 //! Ensemble steps and Wasm handlers' `infer` calls enter at `Server::infer` too, through the
@@ -21,7 +22,8 @@ pub mod repository;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod tenants;
 pub mod warmup;
 
 // The bottom layer lives in `tessera-core`; these keep its modules at their familiar paths.
-pub use tessera_core::{config, infer, signature, tensor};
+pub use tessera_core::{config, infer, namespace, signature, tensor};

@@ -9,6 +9,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use tessera::limits::ServerLimits;
 use tessera::repository::{LoadOptions, ModelState};
 use tessera::server::{ControlMode, Server, ServerOptions};
+use tessera::tenants::{AdminKey, Caller};
 use tracing_subscriber::EnvFilter;
 
 /// A KServe v2 inference server for Triton model repositories, with WebAssembly handlers.
@@ -38,6 +39,54 @@ enum Command {
     Rollback(ModelArgs),
     /// Unload a model from a running server.
     Unload(UnloadArgs),
+    /// Manage the tenants of a running server (needs the admin key in TESSERA_API_KEY).
+    #[command(subcommand)]
+    Tenants(TenantCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum TenantCommand {
+    /// List the tenants with their key ids, quotas and grants.
+    List(ClientArgs),
+    /// Create a tenant.
+    Create(TenantArgs),
+    /// Delete a tenant with its keys, models and functions.
+    Delete(TenantArgs),
+    /// Issue an API key for a tenant; the key is printed once.
+    Key(TenantArgs),
+    /// Revoke one of a tenant's API keys by id.
+    Revoke {
+        tenant: String,
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Set quotas: `tessera tenants quotas acme requests_per_second=50 max_models=4`.
+    Quotas {
+        tenant: String,
+        /// `NAME=VALUE` pairs (docs/tenants.md lists the quotas).
+        #[arg(required = true)]
+        settings: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Let a tenant call one of the operator's models.
+    Grant {
+        tenant: String,
+        model: String,
+        /// Take the grant back instead.
+        #[arg(long)]
+        revoke: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+struct TenantArgs {
+    tenant: String,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -151,6 +200,14 @@ struct ServeArgs {
     /// Where deployed models are kept (created if missing) [default: ~/.local/share/tessera/store].
     #[arg(long, env = "TESSERA_STORE")]
     store: Option<PathBuf>,
+    /// A file holding the admin key; it turns tenancy on (as the TESSERA_ADMIN_KEY environment
+    /// variable does). Never pass the key itself on the command line.
+    #[arg(long, env = "TESSERA_ADMIN_KEY_FILE")]
+    admin_key_file: Option<PathBuf>,
+    /// Who may read `/metrics` with tenancy on: `admin` (the admin key) or `none` (anyone who
+    /// reaches --metrics-port).
+    #[arg(long, default_value = "admin", value_parser = ["admin", "none"])]
+    metrics_auth: String,
     /// The largest total size, in bytes, of the files of one deployment (413 beyond).
     #[arg(long, env = "TESSERA_MAX_DEPLOYMENT_BYTES", default_value_t = 256 * 1024 * 1024)]
     max_deployment_bytes: usize,
@@ -224,6 +281,47 @@ fn server_options(
     }
 }
 
+/// The admin key, from `--admin-key-file` or `TESSERA_ADMIN_KEY` (the file wins); None: no
+/// tenancy.
+fn admin_key(file: Option<&std::path::Path>) -> anyhow::Result<Option<AdminKey>> {
+    let key = match file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the admin key file {}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => std::env::var("TESSERA_ADMIN_KEY")
+            .ok()
+            .map(|k| k.trim().to_owned()),
+    };
+    Ok(key.filter(|k| !k.is_empty()).map(AdminKey))
+}
+
+async fn tenants(command: TenantCommand) -> anyhow::Result<()> {
+    use tessera::cli::tenants as t;
+    match command {
+        TenantCommand::List(c) => t::list(&c.server).await,
+        TenantCommand::Create(a) => t::create(&a.client.server, &a.tenant).await,
+        TenantCommand::Delete(a) => t::delete(&a.client.server, &a.tenant).await,
+        TenantCommand::Key(a) => t::issue_key(&a.client.server, &a.tenant).await,
+        TenantCommand::Revoke { tenant, id, client } => {
+            t::revoke_key(&client.server, &tenant, &id).await
+        }
+        TenantCommand::Quotas {
+            tenant,
+            settings,
+            client,
+        } => t::set_quotas(&client.server, &tenant, &settings).await,
+        TenantCommand::Grant {
+            tenant,
+            model,
+            revoke,
+            client,
+        } => t::grant(&client.server, &tenant, &model, !revoke).await,
+    }
+}
+
 fn default_store_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
@@ -276,6 +374,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Rollback(args)) => {
             tessera::cli::rollback(&args.client.server, &args.model, args.function).await
         }
+        Some(Command::Tenants(command)) => tenants(command).await,
         Some(Command::Unload(args)) => {
             tessera::cli::unload(
                 &args.client.server,
@@ -310,7 +409,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<()> {
     for line in server.limits().describe() {
         println!("limit\t{line}");
     }
-    let rows = server.repository_index(false);
+    let rows = server.repository_index(&Caller::Operator, false);
     let mut failed = 0;
     for row in &rows {
         let version = if row.version.is_empty() {
@@ -360,9 +459,10 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     options.store_dir = serve.store.clone().or_else(default_store_dir);
     options.max_deployment_bytes = serve.max_deployment_bytes;
     options.function_dirs = serve.functions.clone();
+    options.admin_key = admin_key(serve.admin_key_file.as_deref())?;
     let server = start_core(&args, options).await?;
     let broken: Vec<_> = server
-        .repository_index(false)
+        .repository_index(&Caller::Operator, false)
         .into_iter()
         .filter(|r| r.state.is_some_and(|s| s != ModelState::Ready))
         .collect();
@@ -393,7 +493,9 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             "Prometheus metrics on {}/metrics",
             metrics_listener.local_addr()?
         );
-        let metrics_app = tessera::protocol::http::metrics_router(server.clone(), summaries);
+        let admin_only = server.tenants().enabled() && serve.metrics_auth == "admin";
+        let metrics_app =
+            tessera::protocol::http::metrics_router(server.clone(), summaries, admin_only);
         tokio::spawn(async move {
             if let Err(e) = axum::serve(metrics_listener, metrics_app).await {
                 tracing::error!("metrics server failed: {e}");

@@ -32,7 +32,7 @@ use crate::metrics::ModelStats;
 use crate::model::ModelVersion;
 use crate::scheduler::rate_limit::{RateLimiter, Requirement, Share};
 use crate::scheduler::{BatchPolicy, Executor, Scheduler};
-use crate::store::{Store, check_model_name};
+use crate::store::{Store, check_key};
 
 /// A config parameter that names the models a handler calls (comma-separated), so they load
 /// before it and its `initialize` can use them. Ensembles' steps are dependencies already.
@@ -179,9 +179,27 @@ pub enum ControlError {
     /// The model-control mode does not allow the request.
     #[error("{0}")]
     NotAllowed(String),
+    /// A tenant's quota does not allow it (the number of deployments).
+    #[error("{0}")]
+    Forbidden(String),
     /// The store or the filesystem failed.
     #[error("{0}")]
     Internal(String),
+}
+
+impl ControlError {
+    /// The error as `namespace` reads it: its own keys shown as the names it gave.
+    pub fn present(self, namespace: Option<&str>) -> ControlError {
+        let show = |m: String| crate::namespace::present(namespace, &m);
+        match self {
+            ControlError::NotFound(m) => ControlError::NotFound(show(m)),
+            ControlError::Invalid(m) => ControlError::Invalid(show(m)),
+            ControlError::TooLarge(m) => ControlError::TooLarge(show(m)),
+            ControlError::NotAllowed(m) => ControlError::NotAllowed(show(m)),
+            ControlError::Forbidden(m) => ControlError::Forbidden(show(m)),
+            ControlError::Internal(m) => ControlError::Internal(show(m)),
+        }
+    }
 }
 
 impl From<crate::store::StoreError> for ControlError {
@@ -249,6 +267,8 @@ pub struct Repository {
     /// The request path, for models that call other models.
     inference: Weak<dyn Inference>,
     options: LoadOptions,
+    /// Which operator models each tenant may use, for resolving names in its namespace.
+    tenants: Arc<crate::tenants::Tenants>,
 }
 
 /// Which repository models load at start.
@@ -267,6 +287,7 @@ impl Repository {
         limiter: Arc<RateLimiter>,
         inference: Weak<dyn Inference>,
         options: &LoadOptions,
+        tenants: Arc<crate::tenants::Tenants>,
     ) -> Repository {
         Repository {
             paths,
@@ -278,6 +299,28 @@ impl Repository {
             limiter,
             inference,
             options: options.clone(),
+            tenants,
+        }
+    }
+
+    /// The key a model name means in `namespace` (None: the operator's): the namespace's own
+    /// model (loaded or deployed), else an operator model granted to it, else the namespace's
+    /// own key, which exists nowhere, so a model that is not granted is missing exactly like
+    /// one that does not exist. Requests, ensemble steps and dependencies all resolve here.
+    pub fn resolve(&self, namespace: Option<&str>, name: &str) -> String {
+        let Some(tenant) = namespace else {
+            return name.to_owned();
+        };
+        let own = crate::namespace::qualify(Some(tenant), name);
+        let owned = self.read().contains_key(&own)
+            || self
+                .store
+                .as_ref()
+                .is_some_and(|s| s.manifest(&own).is_some());
+        if !owned && self.tenants.granted(tenant, name) {
+            name.to_owned()
+        } else {
+            own
         }
     }
 
@@ -475,13 +518,17 @@ impl Repository {
 
     /// Where the model `name` would load from.
     fn source_of(&self, name: &str) -> Option<ModelSource> {
-        check_model_name(name).ok()?;
+        check_key(name).ok()?;
         if let Some((dir, revision)) = self.store.as_ref().and_then(|s| s.current_dir(name)) {
             return Some(ModelSource {
                 dir,
                 origin: Origin::Store { revision },
                 config_override: None,
             });
+        }
+        // The repository folders hold the operator's models only.
+        if crate::namespace::split(name).0.is_some() {
+            return None;
         }
         self.paths
             .iter()
@@ -699,6 +746,13 @@ impl Control<'_> {
         .await
         .map_err(|e| ControlError::Internal(format!("reading '{name}' failed: {e}")))?;
         entry.explicit = mode.explicit;
+        // A tenant's model calls names of its namespace.
+        let namespace = crate::namespace::split(&name).0;
+        entry.dependencies = entry
+            .dependencies
+            .iter()
+            .map(|dep| repo.resolve(namespace, dep))
+            .collect();
         let live = repo.read().get(&name).cloned();
         let fail = |entry: ModelEntry, message: String| {
             if mode.record_failure && !live.as_ref().is_some_and(ModelEntry::has_ready) {

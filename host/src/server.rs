@@ -19,6 +19,7 @@ use crate::infer::{
 };
 use crate::limits::ServerLimits;
 use crate::metrics::StatsSnapshot;
+use crate::namespace;
 use crate::repository::{
     ControlError, IndexRow, LoadOptions, LoadOutcome, ModelSource, Origin, Repository,
     StartupModels,
@@ -26,6 +27,7 @@ use crate::repository::{
 use crate::scheduler::rate_limit::RateLimiter;
 use crate::signature::ModelMetadata;
 use crate::store::{Store, check_model_name, check_relative_path};
+use crate::tenants::{AdminKey, Caller, Tenants};
 
 /// Triton's `--model-control-mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -81,6 +83,8 @@ pub struct ServerOptions {
     pub max_deployment_bytes: usize,
     /// `--functions`: folders of functions (`<dir>/<name>/function.wasm`).
     pub function_dirs: Vec<PathBuf>,
+    /// `TESSERA_ADMIN_KEY` / `--admin-key-file`: turns tenancy on (it needs the store).
+    pub admin_key: Option<AdminKey>,
 }
 
 /// Why a function invocation got no answer from the function.
@@ -92,6 +96,43 @@ pub enum FunctionError {
     Unavailable(String, String),
     #[error(transparent)]
     Invoke(#[from] crate::backend::wasm::InvokeError),
+    /// A tenant quota refused the invocation.
+    #[error(transparent)]
+    Quota(InferError),
+}
+
+/// The two kinds of deployments a tenant's quotas count.
+#[derive(Clone, Copy, Debug)]
+enum Area {
+    Models,
+    Functions,
+}
+
+/// Lowers a Wasm handler's own memory and time limits (its config parameters, or their
+/// defaults) to a tenant's ceilings.
+fn clamp_wasm_limits(config: &mut ModelConfig, ceiling: crate::tenants::WasmCeiling) {
+    use crate::backend::wasm::Limits;
+    let own = |key: &str, default: u64| {
+        crate::config::string_parameter(config, key)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(default)
+    };
+    let defaults = Limits::default();
+    let memory =
+        own("max_memory_bytes", defaults.max_memory_bytes as u64).min(ceiling.max_memory_bytes);
+    let time = own(
+        "execute_deadline_ms",
+        defaults.execute_deadline.as_millis() as u64,
+    )
+    .min(ceiling.max_time.as_millis() as u64);
+    for (key, value) in [("max_memory_bytes", memory), ("execute_deadline_ms", time)] {
+        config.parameters.insert(
+            key.to_owned(),
+            crate::config::pb::ModelParameter {
+                string_value: value.to_string(),
+            },
+        );
+    }
 }
 
 pub struct Server {
@@ -103,6 +144,8 @@ pub struct Server {
     /// Admission control: one permit per client request in flight (`--max-inflight-requests`).
     inflight: tokio::sync::Semaphore,
     functions: crate::functions::Functions,
+    /// Who may call, in which namespace, within which quotas.
+    tenants: Arc<Tenants>,
     /// This server as the functions' request path.
     functions_inference: Weak<dyn Inference>,
 }
@@ -117,6 +160,17 @@ pub struct VersionStatistics {
 impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
+        // Before the stores open: it removes what a crash left of a deleted tenant.
+        let tenants = Arc::new(match (&options.admin_key, &options.store_dir) {
+            (None, _) => Tenants::disabled(),
+            (Some(_), None) => {
+                anyhow::bail!("tenancy (an admin key) needs a deployment store (--store)")
+            }
+            (Some(key), Some(dir)) => {
+                let (key, dir) = (key.0.clone(), dir.clone());
+                tokio::task::spawn_blocking(move || Tenants::open(&dir, &key)).await??
+            }
+        });
         let (store, function_store) = match &options.store_dir {
             Some(dir) => {
                 let dir = dir.clone();
@@ -159,12 +213,14 @@ impl Server {
                     limiter,
                     inference,
                     &options.load,
+                    tenants.clone(),
                 ),
                 inflight: tokio::sync::Semaphore::new(options.limits.max_inflight_requests),
                 options,
                 wasm,
                 waits: WaitGraph::default(),
-                functions: crate::functions::Functions::new(function_store),
+                functions: crate::functions::Functions::new(function_store, tenants.clone()),
+                tenants,
                 functions_inference: me.clone(),
             }
         });
@@ -203,8 +259,38 @@ impl Server {
         Ok(server)
     }
 
+    /// The tenants of this server (the admin API's).
+    pub fn tenants(&self) -> &Tenants {
+        &self.tenants
+    }
+
+    /// The key a model name means in `namespace` ([`Repository::resolve`]).
+    fn resolve(&self, namespace: Option<&str>, name: &str) -> Result<String, InferError> {
+        match namespace {
+            // A key names a tenant's model; the operator reaches tenants' models only through
+            // the admin API.
+            None if name.contains(namespace::SEPARATOR) => Err(InferError::not_found(format!(
+                "Request for unknown model: '{name}' is not found"
+            ))),
+            None => Ok(name.to_owned()),
+            Some(_) => Ok(self.repository.resolve(namespace, name)),
+        }
+    }
+
+    /// Whether `key` is visible in `namespace`: its own, or granted to it.
+    fn visible(&self, namespace: Option<&str>, key: &str) -> bool {
+        match (namespace, namespace::split(key)) {
+            (None, (owner, _)) => owner.is_none(),
+            (Some(tenant), (Some(owner), _)) => owner == tenant,
+            (Some(tenant), (None, name)) => self.tenants.granted(tenant, name),
+        }
+    }
+
     /// Runs `request` on `model` (`version` None: the newest READY version). HTTP, ensemble steps
     /// and Wasm handlers' `infer` calls all come through here, into that model's queue.
+    ///
+    /// The one choke point of tenancy: the name resolves in the caller's namespace (grants
+    /// checked), and a tenant's client request is admitted within its quotas, whoever sent it.
     pub async fn infer(
         &self,
         cx: CallContext,
@@ -212,6 +298,28 @@ impl Server {
         version: Option<i64>,
         request: InferRequest,
     ) -> InferResult {
+        let Some(namespace) = cx.namespace().map(str::to_owned) else {
+            return self.infer_key(cx, model, version, request).await;
+        };
+        let namespace = Some(namespace.as_str());
+        match self.infer_key(cx, model, version, request).await {
+            Ok(mut response) => {
+                response.model_name = namespace::present(namespace, &response.model_name);
+                Ok(response)
+            }
+            Err(e) => Err(e.present(namespace)),
+        }
+    }
+
+    async fn infer_key(
+        &self,
+        cx: CallContext,
+        model: &str,
+        version: Option<i64>,
+        mut request: InferRequest,
+    ) -> InferResult {
+        let key = self.resolve(cx.namespace(), model)?;
+        let model = key.as_str();
         if cx.call_chain.iter().any(|caller| caller == model) {
             return Err(InferError::new(
                 ErrorKind::ResourceExhausted,
@@ -229,7 +337,8 @@ impl Server {
             ));
         }
         // Client requests are admitted here; the calls they make inside are part of them.
-        let _admitted = if cx.call_chain.is_empty() && !cx.warmup {
+        let client_request = cx.call_chain.is_empty() && !cx.warmup;
+        let _admitted = if client_request {
             Some(self.inflight.try_acquire().map_err(|_| {
                 InferError::unavailable(format!(
                     "the server has {} requests in flight, its limit (--max-inflight-requests); retry later",
@@ -238,6 +347,16 @@ impl Server {
             })?)
         } else {
             None
+        };
+        let tenant = match (&cx.tenant, client_request) {
+            (Some(name), true) => {
+                let tenant = self.tenant(name)?;
+                if request.priority == 0 {
+                    request.priority = tenant.quotas().priority;
+                }
+                Some(tenant.admit()?)
+            }
+            _ => None,
         };
         let target = self.repository.ready_model(model, version)?;
         let _waiting = match cx.caller() {
@@ -252,19 +371,47 @@ impl Server {
             })?),
             None => None,
         };
-        target.infer(cx, request).await
+        let result = target.infer(cx, request).await;
+        if let Some(admitted) = tenant {
+            admitted.finish(result.is_ok());
+        }
+        result
     }
 
-    /// The metadata of a READY version (`version` None: the newest).
+    /// The tenant a request was authenticated as, if it is still registered.
+    fn tenant(&self, name: &str) -> Result<Arc<crate::tenants::Tenant>, InferError> {
+        self.tenants
+            .get(name)
+            .ok_or_else(|| InferError::unavailable(format!("tenant '{name}' was deleted")))
+    }
+
+    /// The metadata of a READY version (`version` None: the newest), named as the caller
+    /// named it.
     pub fn model_metadata(
         &self,
+        caller: &Caller,
         model: &str,
         version: Option<i64>,
     ) -> Result<ModelMetadata, InferError> {
-        let m = self.repository.ready_model(model, version)?;
+        Inference::metadata(
+            self,
+            &CallContext::root_for(caller.tenant()),
+            model,
+            version,
+        )
+    }
+
+    fn metadata_in(
+        &self,
+        namespace: Option<&str>,
+        model: &str,
+        version: Option<i64>,
+    ) -> Result<ModelMetadata, InferError> {
+        let key = self.resolve(namespace, model)?;
+        let m = self.repository.ready_model(&key, version)?;
         let versions = match version {
             Some(v) => vec![v],
-            None => self.repository.versions(model),
+            None => self.repository.versions(&key),
         };
         Ok(ModelMetadata::new(
             &m.name,
@@ -276,38 +423,59 @@ impl Server {
 
     /// Ok when the version is READY. Err `NotFound` when the model or version does not exist,
     /// `Unavailable` when it exists but is not ready.
-    pub fn model_ready(&self, model: &str, version: Option<i64>) -> Result<(), InferError> {
-        match self.repository.ready_model(model, version) {
+    pub fn model_ready(
+        &self,
+        caller: &Caller,
+        model: &str,
+        version: Option<i64>,
+    ) -> Result<(), InferError> {
+        let namespace = caller.namespace();
+        let key = self.resolve(namespace, model)?;
+        match self.repository.ready_model(&key, version) {
             Ok(_) => Ok(()),
-            Err(e) if !self.repository.contains(model, version) => Err(e),
+            Err(e) if !self.repository.contains(&key, version) => Err(e),
             Err(e) => Err(InferError::unavailable(e.message)),
         }
+        .map_err(|e| e.present(namespace))
     }
 
-    /// The configuration of a model, even when no version is ready.
+    /// The configuration of a model, even when no version is ready (named as the caller named
+    /// it).
     pub fn model_config(
         &self,
+        caller: &Caller,
         model: &str,
         version: Option<i64>,
     ) -> Result<Arc<ModelConfig>, InferError> {
-        if !self.repository.contains(model, version) {
+        let namespace = caller.namespace();
+        let key = self.resolve(namespace, model)?;
+        if !self.repository.contains(&key, version) {
             return Err(InferError::not_found(format!(
                 "Request for unknown model: '{model}' is not found"
             )));
         }
-        self.repository.config(model).ok_or_else(|| {
+        let config = self.repository.config(&key).ok_or_else(|| {
             InferError::unavailable(format!("model '{model}' has no usable configuration"))
-        })
+        })?;
+        if namespace.is_none() {
+            return Ok(config);
+        }
+        let mut shown = ModelConfig::clone(&config);
+        shown.name = namespace::present(namespace, &shown.name);
+        Ok(Arc::new(shown))
     }
 
-    /// Statistics of the READY versions of `model` (every model when `None`).
+    /// Statistics of the READY versions of `model` (every model the caller sees when `None`).
     pub fn statistics(
         &self,
+        caller: &Caller,
         model: Option<&str>,
         version: Option<i64>,
     ) -> Result<Vec<VersionStatistics>, InferError> {
-        if let Some(m) = model
-            && !self.repository.contains(m, version)
+        let namespace = caller.namespace();
+        let key = model.map(|m| self.resolve(namespace, m)).transpose()?;
+        if let (Some(m), Some(key)) = (model, &key)
+            && !self.repository.contains(key, version)
         {
             return Err(InferError::not_found(format!(
                 "Request for unknown model: '{m}' is not found"
@@ -318,19 +486,32 @@ impl Server {
             .ready_versions()
             .iter()
             .filter(|m| {
-                model.is_none_or(|name| m.name == name) && version.is_none_or(|v| m.version == v)
+                key.as_deref()
+                    .map_or_else(|| self.visible(namespace, &m.name), |key| m.name == key)
+                    && version.is_none_or(|v| m.version == v)
             })
             .map(|m| VersionStatistics {
-                name: m.name.clone(),
+                name: namespace::present(namespace, &m.name),
                 version: m.version,
                 stats: m.stats.snapshot(),
             })
             .collect())
     }
 
-    /// Every model and version with its state (`ready_only`: the READY versions).
-    pub fn repository_index(&self, ready_only: bool) -> Vec<IndexRow> {
-        self.repository.index(ready_only)
+    /// Every model and version the caller sees, with its state (`ready_only`: the READY
+    /// versions).
+    pub fn repository_index(&self, caller: &Caller, ready_only: bool) -> Vec<IndexRow> {
+        let namespace = caller.namespace();
+        self.repository
+            .index(ready_only)
+            .into_iter()
+            .filter(|row| self.visible(namespace, &row.name))
+            .map(|row| IndexRow {
+                name: namespace::present(namespace, &row.name),
+                reason: namespace::present(namespace, &row.reason),
+                ..row
+            })
+            .collect()
     }
 
     fn check_control(&self, what: &str) -> Result<(), ControlError> {
@@ -350,24 +531,43 @@ impl Server {
     /// version, and swapped in; the answer comes only after all of that.
     pub async fn load_model(
         &self,
+        caller: &Caller,
         name: &str,
         request: LoadRequest,
     ) -> Result<Deployed, ControlError> {
+        let namespace = caller.namespace();
         self.check_control(&format!("load '{name}'"))?;
         check_model_name(name)?;
+        let key = namespace::qualify(namespace, name);
+        self.load_key(namespace, &key, name, request)
+            .await
+            .map_err(|e| e.present(namespace))
+    }
+
+    /// [`Server::load_model`] of the model `key`, named `shown` by its caller.
+    async fn load_key(
+        &self,
+        namespace: Option<&str>,
+        key: &str,
+        shown: &str,
+        request: LoadRequest,
+    ) -> Result<Deployed, ControlError> {
+        let name = key;
         let config = request
             .config
             .as_deref()
             .map(|json| {
                 let mut config = crate::config::from_json(json)
                     .map_err(|e| ControlError::Invalid(format!("failed to load '{name}': {e}")))?;
-                if config.name.is_empty() {
-                    config.name = name.to_owned();
-                } else if config.name != name {
+                if !config.name.is_empty() && config.name != shown {
                     return Err(ControlError::Invalid(format!(
-                        "failed to load '{name}': the config names the model '{}'",
+                        "failed to load '{shown}': the config names the model '{}'",
                         config.name
                     )));
+                }
+                config.name = key.to_owned();
+                if let Some(ceiling) = self.tenants.ceiling(key) {
+                    clamp_wasm_limits(&mut config, ceiling);
                 }
                 Ok(config)
             })
@@ -400,6 +600,10 @@ impl Server {
             ))
         })?;
         let mut files = self.check_files(name, request.files)?;
+        if let Some(tenant) = namespace {
+            let bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
+            self.check_deployment_quota(tenant, Area::Models, key, bytes)?;
+        }
         files.push((
             PathBuf::from("config.pbtxt"),
             Bytes::from(crate::config::to_text(&config)),
@@ -510,10 +714,30 @@ impl Server {
     /// does not load at the next start.
     pub async fn unload_model(
         &self,
+        caller: &Caller,
         name: &str,
         unload_dependents: bool,
     ) -> Result<Vec<String>, ControlError> {
+        let namespace = caller.namespace();
         self.check_control(&format!("unload '{name}'"))?;
+        check_model_name(name)?;
+        let key = namespace::qualify(namespace, name);
+        let unloaded = self
+            .unload_key(&key, unload_dependents)
+            .await
+            .map_err(|e| e.present(namespace))?;
+        Ok(unloaded
+            .iter()
+            .filter(|k| self.visible(namespace, k))
+            .map(|k| namespace::present(namespace, k))
+            .collect())
+    }
+
+    async fn unload_key(
+        &self,
+        name: &str,
+        unload_dependents: bool,
+    ) -> Result<Vec<String>, ControlError> {
         let control = self.repository.control().await;
         let unloaded = control.unload(name, unload_dependents).await?;
         if let Some(store) = self.repository.store() {
@@ -527,9 +751,17 @@ impl Server {
     }
 
     /// Serves the deployment's previous revision again.
-    pub async fn rollback(&self, name: &str) -> Result<Deployed, ControlError> {
+    pub async fn rollback(&self, caller: &Caller, name: &str) -> Result<Deployed, ControlError> {
+        let namespace = caller.namespace();
         self.check_control(&format!("roll back '{name}'"))?;
         check_model_name(name)?;
+        let key = namespace::qualify(namespace, name);
+        self.rollback_key(&key)
+            .await
+            .map_err(|e| e.present(namespace))
+    }
+
+    async fn rollback_key(&self, name: &str) -> Result<Deployed, ControlError> {
         let store = self.repository.store().cloned().ok_or_else(|| {
             ControlError::NotAllowed("this server runs without a deployment store (--store)".into())
         })?;
@@ -559,6 +791,7 @@ impl Server {
             .collect();
         let mut text = crate::metrics::render_prometheus(&models, &self.wasm.counters.families());
         self.functions.render_metrics(&mut text);
+        self.tenants.render_metrics(&mut text);
         text
     }
 
@@ -572,32 +805,63 @@ impl Server {
         !self.options.strict_readiness || self.repository.all_ready()
     }
 
-    /// Invokes a function with an HTTP request whose URI is what the function sees.
+    /// Invokes a function with an HTTP request whose URI is what the function sees. A tenant's
+    /// invocation is admitted within its quotas, as its inferences are.
     pub async fn invoke_function<B>(
         &self,
+        cx: &CallContext,
         name: &str,
         request: http::Request<B>,
-        request_id: u64,
     ) -> Result<http::Response<crate::backend::wasm::FunctionBody>, FunctionError>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         use crate::functions::FunctionEntry;
-        match self.functions.get(name) {
-            None => Err(FunctionError::NotFound(name.to_owned())),
+        let key = namespace::qualify(cx.tenant.as_deref(), name);
+        let entry = match self.functions.get(&key) {
+            _ if name.contains(namespace::SEPARATOR) => None,
+            entry => entry,
+        };
+        let function = match entry {
+            None => return Err(FunctionError::NotFound(name.to_owned())),
             Some(FunctionEntry::Failed(reason)) => {
-                Err(FunctionError::Unavailable(name.to_owned(), reason))
+                return Err(FunctionError::Unavailable(
+                    name.to_owned(),
+                    namespace::present(cx.tenant.as_deref(), &reason),
+                ));
             }
-            Some(FunctionEntry::Ready(function)) => {
-                Ok(function.invoke(request, request_id).await?)
-            }
+            Some(FunctionEntry::Ready(function)) => function,
+        };
+        let admitted = match &cx.tenant {
+            Some(tenant) => Some(
+                self.tenant(tenant)
+                    .and_then(|t| t.admit())
+                    .map_err(FunctionError::Quota)?,
+            ),
+            None => None,
+        };
+        let result = function.invoke(request, cx).await;
+        if let Some(admitted) = admitted {
+            admitted.finish(result.as_ref().is_ok_and(|r| !r.status().is_server_error()));
         }
+        Ok(result?)
     }
 
-    /// Every function with its state.
-    pub fn functions(&self) -> Vec<(String, Result<(), String>)> {
-        self.functions.list()
+    /// Every function the caller sees, with its state.
+    pub fn functions(&self, caller: &Caller) -> Vec<(String, Result<(), String>)> {
+        let namespace = caller.namespace();
+        self.functions
+            .list()
+            .into_iter()
+            .filter(|(key, _)| namespace::split(key).0 == namespace)
+            .map(|(key, state)| {
+                (
+                    namespace::present(namespace, &key),
+                    state.map_err(|e| namespace::present(namespace, &e)),
+                )
+            })
+            .collect()
     }
 
     fn inference(&self) -> Weak<dyn Inference> {
@@ -608,10 +872,25 @@ impl Server {
     /// component, loads it again from its folder or the store.
     pub async fn load_function(
         &self,
+        caller: &Caller,
         name: &str,
         upload: Option<crate::functions::FunctionUpload>,
     ) -> Result<Deployed, ControlError> {
+        let namespace = caller.namespace();
         self.check_control(&format!("load function '{name}'"))?;
+        check_model_name(name)?;
+        let key = namespace::qualify(namespace, name);
+        self.load_function_key(namespace, &key, upload)
+            .await
+            .map_err(|e| e.present(namespace))
+    }
+
+    async fn load_function_key(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        upload: Option<crate::functions::FunctionUpload>,
+    ) -> Result<Deployed, ControlError> {
         let Some(upload) = upload else {
             self.functions
                 .reload(&self.wasm, name, self.inference())
@@ -628,6 +907,9 @@ impl Server {
                 "failed to deploy function '{name}': {size} bytes, over the limit of {limit} (--max-deployment-bytes)"
             )));
         }
+        if let Some(tenant) = namespace {
+            self.check_deployment_quota(tenant, Area::Functions, name, size as u64)?;
+        }
         let (outcome, revision) = self
             .functions
             .deploy(&self.wasm, name, upload, self.inference())
@@ -639,22 +921,106 @@ impl Server {
     }
 
     /// Stops serving a function; a deployed one stays in the store, unloaded.
-    pub async fn unload_function(&self, name: &str) -> Result<(), ControlError> {
+    pub async fn unload_function(&self, caller: &Caller, name: &str) -> Result<(), ControlError> {
+        let namespace = caller.namespace();
         self.check_control(&format!("unload function '{name}'"))?;
-        self.functions.unload(name).await
+        check_model_name(name)?;
+        self.functions
+            .unload(&namespace::qualify(namespace, name))
+            .await
+            .map_err(|e| e.present(namespace))
     }
 
     /// Serves a deployed function's previous revision again.
-    pub async fn rollback_function(&self, name: &str) -> Result<Deployed, ControlError> {
+    pub async fn rollback_function(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<Deployed, ControlError> {
+        let namespace = caller.namespace();
         self.check_control(&format!("roll back function '{name}'"))?;
+        check_model_name(name)?;
         let revision = self
             .functions
-            .rollback(&self.wasm, name, self.inference())
-            .await?;
+            .rollback(
+                &self.wasm,
+                &namespace::qualify(namespace, name),
+                self.inference(),
+            )
+            .await
+            .map_err(|e| e.present(namespace))?;
         Ok(Deployed {
             outcome: LoadOutcome::Loaded,
             revision: Some(revision),
         })
+    }
+
+    /// Refuses a deployment of `key` into `tenant`'s namespace that its quotas do not allow:
+    /// 403 for the number of deployments, 413 for their bytes.
+    fn check_deployment_quota(
+        &self,
+        tenant: &str,
+        area: Area,
+        key: &str,
+        new_bytes: u64,
+    ) -> Result<(), ControlError> {
+        let quotas = self
+            .tenants
+            .get(tenant)
+            .map(|t| t.quotas().clone())
+            .ok_or_else(|| ControlError::NotFound(format!("tenant '{tenant}' was deleted")))?;
+        let (models, model_bytes) = self
+            .repository
+            .store()
+            .map_or((0, 0), |s| s.usage(tenant, key));
+        let (functions, function_bytes) = self.functions.usage(tenant, key);
+        let (count, limit, quota) = match area {
+            Area::Models => (models, quotas.max_models, "max_models"),
+            Area::Functions => (functions, quotas.max_functions, "max_functions"),
+        };
+        let shown = namespace::split(key).1;
+        if count >= limit as usize {
+            return Err(ControlError::Forbidden(format!(
+                "failed to deploy '{shown}': tenant '{tenant}' has {count} deployed, its quota {quota} ({limit})"
+            )));
+        }
+        let total = model_bytes + function_bytes + new_bytes;
+        if total > quotas.max_deployed_bytes {
+            return Err(ControlError::TooLarge(format!(
+                "failed to deploy '{shown}': tenant '{tenant}' would have {total} bytes deployed, over its quota max_deployed_bytes ({})",
+                quotas.max_deployed_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deletes a tenant: its keys stop working at once (the registry is written first), then its
+    /// models and functions are unloaded and their files removed. A crash in between leaves
+    /// files that the next start removes.
+    pub async fn delete_tenant(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
+        tokio::task::block_in_place(|| self.tenants.delete(name))?;
+        let prefix = namespace::qualify(Some(name), "");
+        let models: Vec<String> = self
+            .repository
+            .index(false)
+            .into_iter()
+            .map(|row| row.name)
+            .filter(|key| key.starts_with(&prefix))
+            .collect();
+        for key in models {
+            if let Err(e) = self.unload_key(&key, true).await {
+                tracing::warn!(model = %key, "deleting tenant '{name}': {e}");
+            }
+        }
+        self.functions.remove_tenant(name).await;
+        tokio::task::block_in_place(|| {
+            if let Some(store) = self.repository.store() {
+                store.remove_tenant(name)?;
+            }
+            self.tenants.remove_files(name)
+        })?;
+        tracing::info!(tenant = name, "deleted");
+        Ok(())
     }
 
     /// `--max-deployment-bytes`.
@@ -688,11 +1054,17 @@ impl Inference for Server {
 
     fn metadata(
         &self,
-        _cx: &CallContext,
+        cx: &CallContext,
         model: &str,
         version: Option<i64>,
     ) -> Result<ModelMetadata, InferError> {
-        self.model_metadata(model, version)
+        let namespace = cx.namespace();
+        self.metadata_in(namespace, model, version)
+            .map(|mut m| {
+                m.name = namespace::present(namespace, &m.name);
+                m
+            })
+            .map_err(|e| e.present(namespace))
     }
 }
 

@@ -6,7 +6,12 @@
 //! <store>/models/<model>/<revision>/     a Triton model directory (config.pbtxt, 1/model.wasm…)
 //! <store>/functions/<function>/...       the same for functions (function.wasm, function.toml)
 //! <store>/tmp/                           deployments being written; emptied at start
+//! <store>/tenants.json                    tenants, key hashes, quotas, grants (`tenants.rs`)
+//! <store>/tenants/<tenant>/models/...     a tenant's deployments, laid out as above
 //! ```
+//!
+//! Deployments are named by key (`crate::namespace`): `m` for the operator's, `tenant/m` for a
+//! tenant's, which lives under `tenants/<tenant>/`.
 //!
 //! One [`Store`] value handles one area (`models` or `functions`).
 //!
@@ -33,6 +38,9 @@ use serde::{Deserialize, Serialize};
 pub const KEPT_REVISIONS: usize = 5;
 
 const MANIFEST: &str = "manifest.json";
+
+/// Where tenants' deployments live, one folder per tenant.
+pub const TENANTS_DIR: &str = "tenants";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -119,6 +127,14 @@ pub fn check_model_name(name: &str) -> Result<(), StoreError> {
     }
 }
 
+/// A key: a name, or `tenant/name` (both parts checked as names).
+pub fn check_key(key: &str) -> Result<(), StoreError> {
+    match crate::namespace::split(key) {
+        (Some(tenant), name) => check_model_name(tenant).and_then(|()| check_model_name(name)),
+        (None, name) => check_model_name(name),
+    }
+}
+
 /// A file path inside a model directory: relative, only normal components, no hidden ones.
 pub fn check_relative_path(path: &str) -> Result<PathBuf, StoreError> {
     let parsed = Path::new(path);
@@ -159,6 +175,34 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     file.sync_all().map_err(io(path))
 }
 
+/// The bytes of the files under `dir` (0 where it cannot be read).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Replaces `path` with `bytes` atomically and durably: a temporary file beside it, fsync,
+/// rename, fsync of the directory. A crash leaves the old file or the new one.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| StoreError::Invalid(format!("{} has no folder", path.display())))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{}.tmp", name.unwrap_or_default()));
+    write_durably(&tmp, bytes)?;
+    fs::rename(&tmp, path).map_err(io(path))?;
+    sync_dir(dir)
+}
+
 fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -183,51 +227,17 @@ impl Store {
         }
         create_private_dir(&models)?;
         let mut manifests = BTreeMap::new();
-        for entry in fs::read_dir(&models).map_err(io(&models))? {
-            let entry = entry.map_err(io(&models))?;
-            let dir = entry.path();
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            if check_model_name(&name).is_err() || !dir.is_dir() {
-                continue;
-            }
-            let manifest_path = dir.join(MANIFEST);
-            let manifest: Option<Manifest> = match fs::read(&manifest_path) {
-                Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
-                    StoreError::Invalid(format!("{}: {e}", manifest_path.display()))
-                })?),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(io(&manifest_path)(e)),
-            };
-            // Revisions the manifest does not name never were acknowledged.
-            for child in fs::read_dir(&dir).map_err(io(&dir))? {
-                let child = child.map_err(io(&dir))?;
-                let named = child
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .is_some_and(|r| {
-                        manifest
-                            .as_ref()
-                            .is_some_and(|m| m.revisions.iter().any(|x| x.revision == r))
-                    });
-                if !named && child.file_name() != MANIFEST {
-                    let path = child.path();
-                    tracing::info!(model = %name, "removing {} (a deployment that was not completed)", path.display());
-                    if path.is_dir() {
-                        fs::remove_dir_all(&path).map_err(io(&path))?;
-                    } else {
-                        fs::remove_file(&path).map_err(io(&path))?;
-                    }
-                }
-            }
-            match manifest {
-                Some(m) => {
-                    manifests.insert(name, m);
-                }
-                None => {
-                    fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        scan_area(&models, None, &mut manifests)?;
+        let tenants = root.join(TENANTS_DIR);
+        if tenants.is_dir() {
+            for entry in fs::read_dir(&tenants).map_err(io(&tenants))? {
+                let entry = entry.map_err(io(&tenants))?;
+                let area_dir = entry.path().join(area);
+                if let Some(tenant) = entry.file_name().to_str()
+                    && check_model_name(tenant).is_ok()
+                    && area_dir.is_dir()
+                {
+                    scan_area(&area_dir, Some(tenant), &mut manifests)?;
                 }
             }
         }
@@ -247,8 +257,45 @@ impl Store {
         self.manifests.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn model_dir(&self, name: &str) -> PathBuf {
-        self.root.join(self.area).join(name)
+    fn model_dir(&self, key: &str) -> PathBuf {
+        match crate::namespace::split(key) {
+            (Some(tenant), name) => self
+                .root
+                .join(TENANTS_DIR)
+                .join(tenant)
+                .join(self.area)
+                .join(name),
+            (None, name) => self.root.join(self.area).join(name),
+        }
+    }
+
+    /// How many deployments `tenant` has in this area, and the bytes of their serving
+    /// revisions, leaving out `except` (the one being replaced).
+    pub fn usage(&self, tenant: &str, except: &str) -> (usize, u64) {
+        let prefix = crate::namespace::qualify(Some(tenant), "");
+        let keys: Vec<(String, u64)> = self
+            .manifests()
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix) && k.as_str() != except)
+            .map(|(k, m)| (k.clone(), m.current))
+            .collect();
+        let bytes = keys
+            .iter()
+            .map(|(k, r)| dir_bytes(&self.revision_dir(k, *r)))
+            .sum();
+        (keys.len(), bytes)
+    }
+
+    /// Forgets every deployment of `tenant` in this area and removes their folder.
+    pub fn remove_tenant(&self, tenant: &str) -> Result<(), StoreError> {
+        let prefix = crate::namespace::qualify(Some(tenant), "");
+        let mut manifests = self.manifests();
+        manifests.retain(|k, _| !k.starts_with(&prefix));
+        let dir = self.root.join(TENANTS_DIR).join(tenant).join(self.area);
+        match fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&dir)(e)),
+            _ => Ok(()),
+        }
     }
 
     /// Every deployed model with its manifest.
@@ -278,12 +325,13 @@ impl Store {
         name: &str,
         files: &[(PathBuf, bytes::Bytes)],
     ) -> Result<Staged, StoreError> {
-        check_model_name(name)?;
+        check_key(name)?;
         let nonce: u64 = rand_nonce();
-        let dir = self
-            .root
-            .join("tmp")
-            .join(format!("{}.{name}.{nonce:016x}", self.area));
+        let dir = self.root.join("tmp").join(format!(
+            "{}.{}.{nonce:016x}",
+            self.area,
+            name.replace(crate::namespace::SEPARATOR, "~")
+        ));
         let staged = Staged {
             name: name.to_owned(),
             dir: dir.clone(),
@@ -317,10 +365,21 @@ impl Store {
     /// manifest does not name it yet ([`Store::publish`] does), so a crash now forgets it.
     pub fn commit(&self, mut staged: Staged) -> Result<(u64, PathBuf), StoreError> {
         let model_dir = self.model_dir(&staged.name);
-        let fresh = !model_dir.exists();
-        fs::create_dir_all(&model_dir).map_err(io(&model_dir))?;
-        if fresh {
-            sync_dir(&self.root.join(self.area))?;
+        if !model_dir.exists() {
+            // Every folder created on the way (a tenant's first deployment creates three) is
+            // made durable in its parent.
+            let mut created = vec![model_dir.clone()];
+            while let Some(parent) = created.last().and_then(|d| d.parent())
+                && !parent.exists()
+            {
+                created.push(parent.to_owned());
+            }
+            fs::create_dir_all(&model_dir).map_err(io(&model_dir))?;
+            for dir in created.iter().rev() {
+                if let Some(parent) = dir.parent() {
+                    sync_dir(parent)?;
+                }
+            }
         }
         let next = {
             let manifests = self.manifests();
@@ -443,15 +502,69 @@ impl Store {
     }
 
     fn write_manifest(&self, name: &str, manifest: &Manifest) -> Result<(), StoreError> {
-        let dir = self.model_dir(name);
-        let tmp = dir.join(format!(".{MANIFEST}.tmp"));
         let bytes = serde_json::to_vec_pretty(manifest)
             .map_err(|e| StoreError::Invalid(format!("manifest of '{name}': {e}")))?;
-        write_durably(&tmp, &bytes)?;
-        let path = dir.join(MANIFEST);
-        fs::rename(&tmp, &path).map_err(io(&path))?;
-        sync_dir(&dir)
+        replace_file(&self.model_dir(name).join(MANIFEST), &bytes)
     }
+}
+
+/// Reads the manifests of one area folder (`models/` or a tenant's), removing what a crash left.
+fn scan_area(
+    models: &Path,
+    tenant: Option<&str>,
+    manifests: &mut BTreeMap<String, Manifest>,
+) -> Result<(), StoreError> {
+    for entry in fs::read_dir(models).map_err(io(models))? {
+        let entry = entry.map_err(io(models))?;
+        let dir = entry.path();
+        let Some(file_name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if check_model_name(&file_name).is_err() || !dir.is_dir() {
+            continue;
+        }
+        let name = crate::namespace::qualify(tenant, &file_name);
+        let manifest_path = dir.join(MANIFEST);
+        let manifest: Option<Manifest> =
+            match fs::read(&manifest_path) {
+                Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
+                    StoreError::Invalid(format!("{}: {e}", manifest_path.display()))
+                })?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(io(&manifest_path)(e)),
+            };
+        // Revisions the manifest does not name never were acknowledged.
+        for child in fs::read_dir(&dir).map_err(io(&dir))? {
+            let child = child.map_err(io(&dir))?;
+            let named = child
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|r| {
+                    manifest
+                        .as_ref()
+                        .is_some_and(|m| m.revisions.iter().any(|x| x.revision == r))
+                });
+            if !named && child.file_name() != MANIFEST {
+                let path = child.path();
+                tracing::info!(model = %name, "removing {} (a deployment that was not completed)", path.display());
+                if path.is_dir() {
+                    fs::remove_dir_all(&path).map_err(io(&path))?;
+                } else {
+                    fs::remove_file(&path).map_err(io(&path))?;
+                }
+            }
+        }
+        match manifest {
+            Some(m) => {
+                manifests.insert(name, m);
+            }
+            None => {
+                fs::remove_dir_all(&dir).map_err(io(&dir))?;
+            }
+        }
+    }
+    sync_dir(models)
 }
 
 /// A name for a staging directory that no other deployment in flight uses.

@@ -9,4 +9,5 @@ mod http_protocol;
 mod repository;
 mod sandbox;
 mod scheduling;
+mod tenants;
 mod wasm_handlers;

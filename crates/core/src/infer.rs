@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::signature::ModelMetadata;
@@ -84,6 +85,8 @@ pub struct InferError {
     /// Runtime's own text, file paths. Logged with the request id where the request ends; sent
     /// to HTTP clients only with `--verbose-errors`, and never to guests.
     pub detail: Option<String>,
+    /// When a quota refused the call: how long until a retry may succeed (HTTP `Retry-After`).
+    pub retry_after: Option<Duration>,
 }
 
 impl InferError {
@@ -92,6 +95,7 @@ impl InferError {
             kind,
             message: message.into(),
             detail: None,
+            retry_after: None,
         }
     }
 
@@ -133,6 +137,17 @@ impl InferError {
         }
     }
 
+    /// The error as `namespace` reads it: its own keys shown as the names it gave.
+    pub fn present(self, namespace: Option<&str>) -> InferError {
+        if namespace.is_none() {
+            return self;
+        }
+        InferError {
+            message: crate::namespace::present(namespace, &self.message),
+            ..self
+        }
+    }
+
     /// Prefixes the message, keeping the kind.
     pub fn context(self, prefix: impl std::fmt::Display) -> Self {
         InferError {
@@ -159,6 +174,10 @@ pub struct CallContext {
     pub warmup: bool,
     /// The span of the call, so work done for it is logged under it.
     pub span: tracing::Span,
+    /// The tenant the client request came from (None: the operator, or a server without
+    /// tenants). It stays the same through every call the request makes: quotas, fair queueing
+    /// and metering follow it. Names resolve in the namespace of the innermost caller instead.
+    pub tenant: Option<Arc<str>>,
 }
 
 impl CallContext {
@@ -171,6 +190,24 @@ impl CallContext {
             deadline: None,
             warmup: false,
             span: tracing::Span::current(),
+            tenant: None,
+        }
+    }
+
+    /// A client's request made by `tenant`.
+    pub fn root_for(tenant: Option<Arc<str>>) -> CallContext {
+        CallContext {
+            tenant,
+            ..CallContext::root()
+        }
+    }
+
+    /// The namespace the names of this call resolve in: the innermost caller's owner, or for a
+    /// client's request, its tenant's.
+    pub fn namespace(&self) -> Option<&str> {
+        match self.caller() {
+            Some(caller) => crate::namespace::of_caller(caller),
+            None => self.tenant.as_deref(),
         }
     }
 
@@ -184,6 +221,7 @@ impl CallContext {
             deadline: self.deadline,
             warmup: self.warmup,
             span: self.span.clone(),
+            tenant: self.tenant.clone(),
         }
     }
 

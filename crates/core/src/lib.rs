@@ -7,6 +7,7 @@
 //! - [`config`]: Triton's `ModelConfig`, read from `config.pbtxt`.
 //! - [`signature`]: a model's inputs and outputs, and the metadata front-ends report.
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
+//! - [`namespace`]: how a tenant's names become the keys the server keeps models under.
 //!
 //! Everything here is pure (no I/O beyond reading a config file, no async), so the decoders can be
 //! fuzzed and property-tested without building the server.
@@ -14,5 +15,6 @@
 pub mod config;
 pub mod infer;
 pub mod kserve;
+pub mod namespace;
 pub mod signature;
 pub mod tensor;

@@ -46,7 +46,8 @@ struct Plan {
 
 /// Checks the ensemble against the loaded models and builds its plan.
 fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<Plan, LoadError> {
-    let cx = CallContext::root();
+    // As the ensemble will call them: step names resolve in the ensemble's namespace.
+    let cx = CallContext::root().call_from(name);
     let scheduling = config::ensemble_scheduling(config)
         .filter(|s| !s.step.is_empty())
         .ok_or_else(|| {

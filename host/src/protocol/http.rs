@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post, put};
 use serde_json::{Value, json};
 
 use super::kserve::{decode_request, encode_response};
@@ -18,6 +18,7 @@ use crate::infer::{CallContext, ErrorKind, InferError, ParamValue};
 use crate::repository::{ControlError, LoadOutcome};
 use crate::server::{Deployed, FunctionError, LoadRequest, Server};
 use crate::signature::TensorSpec;
+use crate::tenants::Caller;
 
 const HEADER_LENGTH: &str = "inference-header-content-length";
 
@@ -40,6 +41,11 @@ struct AppState {
 /// The HTTP routes. `max_body` bounds a request body in bytes; `verbose_errors` sends internal
 /// error details to clients (`--verbose-errors`).
 pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Router {
+    let state = AppState {
+        server,
+        max_body,
+        verbose_errors,
+    };
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/models/stats", get(all_stats))
@@ -84,23 +90,69 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
             get(model_stats_v),
         )
         .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
+        .route("/v1/tenants", get(list_tenants).post(create_tenant))
+        .route(
+            "/v1/tenants/{tenant}",
+            get(show_tenant).delete(delete_tenant),
+        )
+        .route("/v1/tenants/{tenant}/keys", post(issue_key))
+        .route("/v1/tenants/{tenant}/keys/{id}", delete(revoke_key))
+        .route("/v1/tenants/{tenant}/quotas", put(set_quotas))
+        .route(
+            "/v1/tenants/{tenant}/grants/{model}",
+            post(grant_model).delete(revoke_grant),
+        )
         .fallback(not_found)
         // The infer handler enforces the limit itself, with a KServe error body.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::map_response(kserve_error_body))
-        // Added after the layer, so they keep Triton's bare-status answers, and a function's
-        // answers reach its caller as the function wrote them.
-        .route("/v2/health/live", get(live))
-        .route("/v2/health/ready", get(ready))
+        // Added after that layer, so a function's answers reach its caller as the function
+        // wrote them.
         .route("/v1/functions", get(list_functions))
         .route("/v1/functions/{function}", any(invoke_function_root))
         .route("/v1/functions/{function}/", any(invoke_function_root))
         .route("/v1/functions/{function}/{*path}", any(invoke_function))
-        .with_state(AppState {
-            server,
-            max_body,
-            verbose_errors,
-        })
+        // Everything above needs a key once tenancy is on.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        // Open, with Triton's bare-status answers.
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .with_state(state)
+}
+
+/// Finds who is calling (`Authorization: Bearer <key>`) and hands it to the route as a
+/// [`Caller`]; 401 without a valid key once tenancy is on.
+async fn authenticate(
+    State(s): State<AppState>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    match s.server.tenants().authenticate(header) {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(e) => unauthorized(&e),
+    }
+}
+
+fn unauthorized(e: &crate::tenants::AuthError) -> Response {
+    let mut response = (
+        StatusCode::UNAUTHORIZED,
+        axum::Json(json!({ "error": e.to_string() })),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 /// Every error answer carries a KServe v2 error body, `{"error": "..."}`, including those axum
@@ -134,14 +186,30 @@ async fn kserve_error_body(response: Response) -> Response {
 
 /// The metrics endpoint, served on `--metrics-port`.
 /// `/metrics`; `summary_latencies` adds Triton's latency summaries (`--metrics-config
-/// summary_latencies=true`).
-pub fn metrics_router(server: Arc<Server>, summary_latencies: bool) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .with_state((server, summary_latencies))
+/// summary_latencies=true`); with `admin_only` (tenancy on, `--metrics-auth admin`) it needs the
+/// admin key.
+pub fn metrics_router(server: Arc<Server>, summary_latencies: bool, admin_only: bool) -> Router {
+    Router::new().route("/metrics", get(metrics)).with_state((
+        server,
+        summary_latencies,
+        admin_only,
+    ))
 }
 
-async fn metrics(State((server, summaries)): State<(Arc<Server>, bool)>) -> Response {
+async fn metrics(
+    State((server, summaries, admin_only)): State<(Arc<Server>, bool, bool)>,
+    headers: HeaderMap,
+) -> Response {
+    if admin_only {
+        let header = headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        match server.tenants().authenticate(header) {
+            Ok(Caller::Operator) => {}
+            Ok(Caller::Tenant(_)) => return unauthorized(&crate::tenants::AuthError::Invalid),
+            Err(e) => return unauthorized(&e),
+        }
+    }
     let mut r = Response::new(Body::from(server.metrics_text(summaries)));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -150,9 +218,19 @@ async fn metrics(State((server, summaries)): State<(Arc<Server>, bool)>) -> Resp
     r
 }
 
-/// A KServe v2 error: `{"error": "..."}` with the status the error kind maps to.
+/// A KServe v2 error: `{"error": "..."}` with the status the error kind maps to, and
+/// `Retry-After` when a quota says when to retry.
 fn error_response(e: &InferError) -> Response {
-    (status_of(e.kind), axum::Json(json!({ "error": e.message }))).into_response()
+    let mut response =
+        (status_of(e.kind), axum::Json(json!({ "error": e.message }))).into_response();
+    if let Some(wait) = e.retry_after {
+        // Whole seconds, rounded up: a client that waits that long finds room.
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    }
+    response
 }
 
 fn json_ok(v: Value) -> Response {
@@ -196,8 +274,13 @@ fn parse_version(v: &str) -> Result<i64, InferError> {
         .ok_or_else(|| InferError::invalid(format!("'{v}' is not a valid model version")))
 }
 
-fn metadata(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, InferError> {
-    let m = s.server.model_metadata(model, version)?;
+fn metadata(
+    s: &AppState,
+    caller: &Caller,
+    model: &str,
+    version: Option<i64>,
+) -> Result<Value, InferError> {
+    let m = s.server.model_metadata(caller, model, version)?;
     let tensors = |specs: &[TensorSpec]| -> Vec<Value> {
         specs
             .iter()
@@ -213,21 +296,26 @@ fn metadata(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, In
     }))
 }
 
-async fn model_metadata(State(s): State<AppState>, Path(model): Path<String>) -> Response {
-    metadata(&s, &model, None).map_or_else(|e| error_response(&e), json_ok)
+async fn model_metadata(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+) -> Response {
+    metadata(&s, &caller, &model, None).map_or_else(|e| error_response(&e), json_ok)
 }
 
 async fn model_metadata_v(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((model, version)): Path<(String, String)>,
 ) -> Response {
     parse_version(&version)
-        .and_then(|v| metadata(&s, &model, Some(v)))
+        .and_then(|v| metadata(&s, &caller, &model, Some(v)))
         .map_or_else(|e| error_response(&e), json_ok)
 }
 
-fn readiness(s: &AppState, model: &str, version: Option<i64>) -> Response {
-    match s.server.model_ready(model, version) {
+fn readiness(s: &AppState, caller: &Caller, model: &str, version: Option<i64>) -> Response {
+    match s.server.model_ready(caller, model, version) {
         Ok(()) => StatusCode::OK.into_response(),
         // Triton answers 400 for a model that exists but is not ready.
         Err(e) if e.kind == ErrorKind::Unavailable => (
@@ -239,72 +327,97 @@ fn readiness(s: &AppState, model: &str, version: Option<i64>) -> Response {
     }
 }
 
-async fn model_ready(State(s): State<AppState>, Path(model): Path<String>) -> Response {
-    readiness(&s, &model, None)
+async fn model_ready(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+) -> Response {
+    readiness(&s, &caller, &model, None)
 }
 
 async fn model_ready_v(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((model, version)): Path<(String, String)>,
 ) -> Response {
     match parse_version(&version) {
-        Ok(v) => readiness(&s, &model, Some(v)),
+        Ok(v) => readiness(&s, &caller, &model, Some(v)),
         Err(e) => error_response(&e),
     }
 }
 
-fn model_config_json(s: &AppState, model: &str, version: Option<i64>) -> Result<Value, InferError> {
+fn model_config_json(
+    s: &AppState,
+    caller: &Caller,
+    model: &str,
+    version: Option<i64>,
+) -> Result<Value, InferError> {
     s.server
-        .model_config(model, version)
+        .model_config(caller, model, version)
         .map(|c| config::to_json(&c))
 }
 
-async fn model_config(State(s): State<AppState>, Path(model): Path<String>) -> Response {
-    model_config_json(&s, &model, None).map_or_else(|e| error_response(&e), json_ok)
+async fn model_config(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+) -> Response {
+    model_config_json(&s, &caller, &model, None).map_or_else(|e| error_response(&e), json_ok)
 }
 
 async fn model_config_v(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((model, version)): Path<(String, String)>,
 ) -> Response {
     parse_version(&version)
-        .and_then(|v| model_config_json(&s, &model, Some(v)))
+        .and_then(|v| model_config_json(&s, &caller, &model, Some(v)))
         .map_or_else(|e| error_response(&e), json_ok)
 }
 
 fn stats_json(
     s: &AppState,
+    caller: &Caller,
     model: Option<&str>,
     version: Option<i64>,
 ) -> Result<Value, InferError> {
     let entries: Vec<Value> = s
         .server
-        .statistics(model, version)?
+        .statistics(caller, model, version)?
         .iter()
         .map(|v| v.stats.to_json(&v.name, &v.version.to_string()))
         .collect();
     Ok(json!({ "model_stats": entries }))
 }
 
-async fn all_stats(State(s): State<AppState>) -> Response {
-    stats_json(&s, None, None).map_or_else(|e| error_response(&e), json_ok)
+async fn all_stats(State(s): State<AppState>, Extension(caller): Extension<Caller>) -> Response {
+    stats_json(&s, &caller, None, None).map_or_else(|e| error_response(&e), json_ok)
 }
 
-async fn model_stats(State(s): State<AppState>, Path(model): Path<String>) -> Response {
-    stats_json(&s, Some(&model), None).map_or_else(|e| error_response(&e), json_ok)
+async fn model_stats(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+) -> Response {
+    stats_json(&s, &caller, Some(&model), None).map_or_else(|e| error_response(&e), json_ok)
 }
 
 async fn model_stats_v(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((model, version)): Path<(String, String)>,
 ) -> Response {
     parse_version(&version)
-        .and_then(|v| stats_json(&s, Some(&model), Some(v)))
+        .and_then(|v| stats_json(&s, &caller, Some(&model), Some(v)))
         .map_or_else(|e| error_response(&e), json_ok)
 }
 
 /// `POST /v2/repository/index`, body `{"ready": true}` optional.
-async fn repository_index(State(s): State<AppState>, body: Bytes) -> Response {
+async fn repository_index(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> Response {
     let ready_only = if body.iter().all(u8::is_ascii_whitespace) {
         false
     } else {
@@ -319,7 +432,7 @@ async fn repository_index(State(s): State<AppState>, body: Bytes) -> Response {
     };
     let rows: Vec<Value> = s
         .server
-        .repository_index(ready_only)
+        .repository_index(&caller, ready_only)
         .into_iter()
         .map(|r| {
             let mut row = json!({ "name": r.name });
@@ -339,10 +452,13 @@ async fn repository_index(State(s): State<AppState>, body: Bytes) -> Response {
 }
 
 /// `GET /v1/functions`: every function with its state.
-async fn list_functions(State(s): State<AppState>) -> Response {
+async fn list_functions(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
     let rows: Vec<Value> = s
         .server
-        .functions()
+        .functions(&caller)
         .into_iter()
         .map(|(name, state)| match state {
             Ok(()) => {
@@ -356,29 +472,32 @@ async fn list_functions(State(s): State<AppState>) -> Response {
 
 async fn invoke_function_root(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(function): Path<String>,
     request: axum::extract::Request,
 ) -> Response {
-    run_function(s, function, String::new(), request).await
+    run_function(s, caller, function, String::new(), request).await
 }
 
 async fn invoke_function(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((function, path)): Path<(String, String)>,
     request: axum::extract::Request,
 ) -> Response {
-    run_function(s, function, path, request).await
+    run_function(s, caller, function, path, request).await
 }
 
 /// Any method on `/v1/functions/{function}/{path}`: the function sees `/{path}?{query}` with the
 /// request's headers and body, as `wasmtime serve` would show it.
 async fn run_function(
     s: AppState,
+    caller: Caller,
     function: String,
     path: String,
     request: axum::extract::Request,
 ) -> Response {
-    let cx = CallContext::root();
+    let cx = CallContext::root_for(caller.tenant());
     let (mut parts, body) = request.into_parts();
     let mut uri = format!("/{path}");
     if let Some(query) = parts.uri.query() {
@@ -392,11 +511,7 @@ async fn run_function(
         }
     };
     let request = axum::http::Request::from_parts(parts, body);
-    match s
-        .server
-        .invoke_function(&function, request, cx.request_id)
-        .await
-    {
+    match s.server.invoke_function(&cx, &function, request).await {
         Ok(response) => response.map(Body::new),
         Err(e) => function_error(&e, s.verbose_errors, cx.request_id),
     }
@@ -409,6 +524,7 @@ fn function_error(e: &FunctionError, verbose: bool, request_id: u64) -> Response
     let status = match e {
         FunctionError::NotFound(_) => StatusCode::NOT_FOUND,
         FunctionError::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
+        FunctionError::Quota(e) => return error_response(e),
         FunctionError::Invoke(e) => {
             StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
         }
@@ -440,6 +556,7 @@ fn control_error(e: &ControlError) -> Response {
         ControlError::NotFound(_) => StatusCode::NOT_FOUND,
         ControlError::Invalid(_) | ControlError::NotAllowed(_) => StatusCode::BAD_REQUEST,
         ControlError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
         ControlError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     (status, axum::Json(json!({ "error": e.to_string() }))).into_response()
@@ -482,7 +599,12 @@ async fn deployment_parameters(
 
 /// `POST /v2/repository/models/{m}/load`: `config` (a JSON string) and `file:<path>` (base64)
 /// parameters, as Triton takes them.
-async fn load_model(State(s): State<AppState>, Path(model): Path<String>, body: Body) -> Response {
+async fn load_model(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+    body: Body,
+) -> Response {
     use base64::Engine as _;
     let parameters = match deployment_parameters(&s, body).await {
         Ok(p) => p,
@@ -512,7 +634,7 @@ async fn load_model(State(s): State<AppState>, Path(model): Path<String>, body: 
             ));
         }
     }
-    match s.server.load_model(&model, request).await {
+    match s.server.load_model(&caller, &model, request).await {
         Ok(d) => json_ok(deployed_json(&model, &d)),
         Err(e) => control_error(&e),
     }
@@ -535,6 +657,7 @@ fn deployed_json(model: &str, d: &Deployed) -> Value {
 /// `POST /v2/repository/models/{m}/unload`, with the `unload_dependents` parameter.
 async fn unload_model(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(model): Path<String>,
     body: Bytes,
 ) -> Response {
@@ -551,7 +674,7 @@ async fn unload_model(
             ));
         }
     };
-    match s.server.unload_model(&model, dependents).await {
+    match s.server.unload_model(&caller, &model, dependents).await {
         Ok(unloaded) => json_ok(json!({ "model": model, "unloaded": unloaded })),
         Err(e) => control_error(&e),
     }
@@ -562,6 +685,7 @@ async fn unload_model(
 /// component, loads the function again from its folder or the store.
 async fn load_function(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(function): Path<String>,
     body: Body,
 ) -> Response {
@@ -602,29 +726,41 @@ async fn load_function(
         }
         (None, None) => None,
     };
-    match s.server.load_function(&function, upload).await {
+    match s.server.load_function(&caller, &function, upload).await {
         Ok(d) => json_ok(deployed_json(&function, &d)),
         Err(e) => control_error(&e),
     }
 }
 
-async fn unload_function(State(s): State<AppState>, Path(function): Path<String>) -> Response {
-    match s.server.unload_function(&function).await {
+async fn unload_function(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(function): Path<String>,
+) -> Response {
+    match s.server.unload_function(&caller, &function).await {
         Ok(()) => json_ok(json!({ "function": function, "unloaded": true })),
         Err(e) => control_error(&e),
     }
 }
 
-async fn rollback_function(State(s): State<AppState>, Path(function): Path<String>) -> Response {
-    match s.server.rollback_function(&function).await {
+async fn rollback_function(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(function): Path<String>,
+) -> Response {
+    match s.server.rollback_function(&caller, &function).await {
         Ok(d) => json_ok(deployed_json(&function, &d)),
         Err(e) => control_error(&e),
     }
 }
 
 /// `POST /v2/repository/models/{m}/rollback` (tessera): serve the previous deployed revision.
-async fn rollback_model(State(s): State<AppState>, Path(model): Path<String>) -> Response {
-    match s.server.rollback(&model).await {
+async fn rollback_model(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(model): Path<String>,
+) -> Response {
+    match s.server.rollback(&caller, &model).await {
         Ok(d) => json_ok(deployed_json(&model, &d)),
         Err(e) => control_error(&e),
     }
@@ -632,21 +768,23 @@ async fn rollback_model(State(s): State<AppState>, Path(model): Path<String>) ->
 
 async fn infer(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(model): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_infer(s, model, None, headers, body).await
+    run_infer(s, caller, model, None, headers, body).await
 }
 
 async fn infer_v(
     State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((model, version)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     match parse_version(&version) {
-        Ok(v) => run_infer(s, model, Some(v), headers, body).await,
+        Ok(v) => run_infer(s, caller, model, Some(v), headers, body).await,
         Err(e) => error_response(&e),
     }
 }
@@ -669,6 +807,7 @@ async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Respon
 
 async fn run_infer(
     s: AppState,
+    caller: Caller,
     model: String,
     version: Option<i64>,
     headers: HeaderMap,
@@ -703,7 +842,7 @@ async fn run_infer(
         .iter()
         .map(|o| (o.name.clone(), o.binary))
         .collect();
-    let cx = CallContext::root();
+    let cx = CallContext::root_for(caller.tenant());
     let request_id = cx.request_id;
     let response = match s.server.infer(cx, &model, version, request).await {
         Ok(r) => r,
@@ -731,4 +870,175 @@ async fn run_infer(
         }
         Err(e) => error_response(&e),
     }
+}
+
+/// The admin API is the operator's: the refusal a tenant gets.
+fn refuse_tenant(caller: &Caller) -> Option<Response> {
+    match caller {
+        Caller::Operator => None,
+        Caller::Tenant(_) => Some(
+            (
+                StatusCode::FORBIDDEN,
+                axum::Json(json!({ "error": "the tenant API needs the admin key" })),
+            )
+                .into_response(),
+        ),
+    }
+}
+
+fn tenant_error(e: &crate::tenants::TenantError) -> Response {
+    use crate::tenants::TenantError;
+    let status = match e {
+        TenantError::NotFound(_) => StatusCode::NOT_FOUND,
+        TenantError::Conflict(_) => StatusCode::CONFLICT,
+        TenantError::Invalid(_) | TenantError::Disabled => StatusCode::BAD_REQUEST,
+        TenantError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, axum::Json(json!({ "error": e.to_string() }))).into_response()
+}
+
+/// Runs an admin request (blocking on the registry's disk write) and answers its JSON.
+fn admin<T: serde::Serialize>(
+    caller: &Caller,
+    status: StatusCode,
+    run: impl FnOnce() -> Result<T, crate::tenants::TenantError>,
+) -> Response {
+    if let Some(refused) = refuse_tenant(caller) {
+        return refused;
+    }
+    match tokio::task::block_in_place(run) {
+        Ok(v) => (status, axum::Json(v)).into_response(),
+        Err(e) => tenant_error(&e),
+    }
+}
+
+/// `GET /v1/tenants`.
+async fn list_tenants(State(s): State<AppState>, Extension(caller): Extension<Caller>) -> Response {
+    admin(&caller, StatusCode::OK, || {
+        if s.server.tenants().enabled() {
+            Ok(s.server.tenants().list())
+        } else {
+            Err(crate::tenants::TenantError::Disabled)
+        }
+    })
+}
+
+/// `POST /v1/tenants` with `{"name": "..."}`.
+async fn create_tenant(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> Response {
+    let name = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("name").and_then(Value::as_str).map(str::to_owned));
+    let Some(name) = name else {
+        return tenant_error(&crate::tenants::TenantError::Invalid(
+            "the body must be a JSON object with the tenant's name, e.g. {\"name\": \"acme\"}"
+                .into(),
+        ));
+    };
+    admin(&caller, StatusCode::CREATED, || {
+        s.server.tenants().create(&name)
+    })
+}
+
+/// `GET /v1/tenants/{tenant}`.
+async fn show_tenant(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+) -> Response {
+    admin(&caller, StatusCode::OK, || s.server.tenants().info(&tenant))
+}
+
+/// `DELETE /v1/tenants/{tenant}`: its keys, models, functions and files go.
+async fn delete_tenant(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+) -> Response {
+    if let Some(refused) = refuse_tenant(&caller) {
+        return refused;
+    }
+    match s.server.delete_tenant(&tenant).await {
+        Ok(()) => json_ok(json!({ "tenant": tenant, "deleted": true })),
+        Err(e) => tenant_error(&e),
+    }
+}
+
+/// `POST /v1/tenants/{tenant}/keys`: `{"id", "key"}`, the key shown only now.
+async fn issue_key(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+) -> Response {
+    admin(&caller, StatusCode::CREATED, || {
+        s.server
+            .tenants()
+            .issue_key(&tenant)
+            .map(|(id, key)| json!({ "id": id, "key": key }))
+    })
+}
+
+/// `DELETE /v1/tenants/{tenant}/keys/{id}`: the key stops working at once.
+async fn revoke_key(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Response {
+    admin(&caller, StatusCode::OK, || {
+        s.server
+            .tenants()
+            .revoke_key(&tenant, &id)
+            .map(|()| json!({ "tenant": tenant, "revoked": id }))
+    })
+}
+
+/// `PUT /v1/tenants/{tenant}/quotas`: the fields given change; answers every quota.
+async fn set_quotas(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> Response {
+    let patch = match serde_json::from_slice::<Value>(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return tenant_error(&crate::tenants::TenantError::Invalid(format!(
+                "the body is not valid JSON: {e}"
+            )));
+        }
+    };
+    admin(&caller, StatusCode::OK, || {
+        s.server.tenants().set_quotas(&tenant, patch)
+    })
+}
+
+/// `POST /v1/tenants/{tenant}/grants/{model}`: the tenant may call the operator's model.
+async fn grant_model(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, model)): Path<(String, String)>,
+) -> Response {
+    admin(&caller, StatusCode::OK, || {
+        s.server
+            .tenants()
+            .set_grant(&tenant, &model, true)
+            .map(|()| json!({ "tenant": tenant, "granted": model }))
+    })
+}
+
+/// `DELETE /v1/tenants/{tenant}/grants/{model}`.
+async fn revoke_grant(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, model)): Path<(String, String)>,
+) -> Response {
+    admin(&caller, StatusCode::OK, || {
+        s.server
+            .tenants()
+            .set_grant(&tenant, &model, false)
+            .map(|()| json!({ "tenant": tenant, "revoked": model }))
+    })
 }

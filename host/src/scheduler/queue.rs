@@ -1,4 +1,5 @@
-//! The queue of a model version: one FIFO per priority level, and batch formation.
+//! The queue of a model version: per priority level, one FIFO per tenant served round-robin;
+//! and batch formation.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -61,8 +62,53 @@ impl Pending {
     }
 }
 
+/// One priority level: a FIFO per tenant, served in turn, one request each, so a tenant that
+/// floods a shared model queues behind its own requests rather than in front of everyone's.
+/// With one tenant (or none) it is a plain FIFO.
+#[derive(Default)]
+struct Level {
+    /// Tenants with queued requests, the next to be served first.
+    flows: VecDeque<(Option<Arc<str>>, VecDeque<Pending>)>,
+    len: usize,
+}
+
+impl Level {
+    fn push_back(&mut self, pending: Pending) {
+        let tenant = &pending.call.cx.tenant;
+        match self.flows.iter_mut().find(|(t, _)| t == tenant) {
+            Some((_, flow)) => flow.push_back(pending),
+            None => self
+                .flows
+                .push_back((tenant.clone(), VecDeque::from([pending]))),
+        }
+        self.len += 1;
+    }
+
+    /// The request [`Level::pop_front`] takes next.
+    fn front(&self) -> Option<&Pending> {
+        self.flows.front().and_then(|(_, flow)| flow.front())
+    }
+
+    /// Takes the oldest request of the tenant whose turn it is; that tenant goes to the back.
+    fn pop_front(&mut self) -> Option<Pending> {
+        let (tenant, mut flow) = self.flows.pop_front()?;
+        let pending = flow.pop_front();
+        if !flow.is_empty() {
+            self.flows.push_back((tenant, flow));
+        }
+        if pending.is_some() {
+            self.len -= 1;
+        }
+        pending
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 struct State {
-    levels: Vec<VecDeque<Pending>>,
+    levels: Vec<Level>,
     closed: bool,
 }
 
@@ -77,7 +123,7 @@ impl Queue {
     pub fn new(levels: usize) -> Queue {
         Queue {
             state: Mutex::new(State {
-                levels: (0..levels.max(1)).map(|_| VecDeque::new()).collect(),
+                levels: (0..levels.max(1)).map(|_| Level::default()).collect(),
                 closed: false,
             }),
             notify: Notify::new(),
@@ -111,7 +157,7 @@ impl Queue {
 
     /// Requests awaiting execution: queued, or batched and waiting for resources.
     pub fn len(&self) -> usize {
-        let queued: usize = self.lock().levels.iter().map(VecDeque::len).sum();
+        let queued: usize = self.lock().levels.iter().map(Level::len).sum();
         queued + self.staged.load(Ordering::Acquire)
     }
 

@@ -123,8 +123,18 @@ impl Fixture {
     }
 
     fn send_with(&self, request: InferRequest) -> tokio::task::JoinHandle<InferResult> {
+        self.send_as(None, request)
+    }
+
+    /// Submits a request of `tenant` in the background.
+    fn send_as(
+        &self,
+        tenant: Option<&str>,
+        request: InferRequest,
+    ) -> tokio::task::JoinHandle<InferResult> {
         let scheduler = self.scheduler.clone();
-        tokio::spawn(async move { scheduler.submit(CallContext::root(), request).await })
+        let cx = CallContext::root_for(tenant.map(Arc::from));
+        tokio::spawn(async move { scheduler.submit(cx, request).await })
     }
 
     fn batches(&self) -> Vec<(Duration, Vec<String>)> {
@@ -214,6 +224,46 @@ async fn a_preferred_batch_size_leaves_without_waiting_out_the_delay() {
     let batches = f.batches();
     assert_eq!(ids(&batches), vec![vec!["a", "b"]]);
     assert_eq!(batches[0].0, Duration::from_millis(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_take_turns_in_a_shared_queue() {
+    let f = fixture(
+        &format!("max_batch_size: 1 {IO}"),
+        1,
+        Duration::from_millis(10),
+        no_limits(),
+        &[],
+    );
+    let busy = f.send("busy", 0);
+    f.after(1).await;
+    // A floods the queue first; B's two requests arrive after all of A's.
+    let mut sent = Vec::new();
+    for i in 0..4 {
+        sent.push(f.send_as(Some("a"), request(&format!("a{i}"), 0, None)));
+        f.after(0).await;
+    }
+    for i in 0..2 {
+        sent.push(f.send_as(Some("b"), request(&format!("b{i}"), 0, None)));
+        f.after(0).await;
+    }
+    assert!(busy.await.expect("task").is_ok());
+    for s in sent {
+        assert!(s.await.expect("task").is_ok());
+    }
+    // Not FIFO (a0 a1 a2 a3 b0 b1): each tenant in turn, each in its own arrival order.
+    assert_eq!(
+        ids(&f.batches()),
+        vec![
+            vec!["busy"],
+            vec!["a0"],
+            vec!["b0"],
+            vec!["a1"],
+            vec!["b1"],
+            vec!["a2"],
+            vec!["a3"]
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -25,7 +25,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use super::host::{Guest, HostState, trap_cause};
 use super::limits::{Counters, Limits, LogRate};
 use super::{LoadError, WasmRuntime};
-use crate::infer::Inference;
+use crate::infer::{CallContext, Inference};
 
 /// The export that makes a component a `wasi:http` handler (any 0.2 patch version).
 const INCOMING_HANDLER: &str = "wasi:http/incoming-handler@0.2";
@@ -191,14 +191,14 @@ impl WasmFunction {
     pub async fn invoke<B>(
         self: &Arc<Self>,
         request: http::Request<B>,
-        request_id: u64,
+        cx: &CallContext,
     ) -> Result<http::Response<FunctionBody>, InvokeError>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let started = Instant::now();
-        let result = self.run(request, request_id, started).await;
+        let result = self.run(request, cx, started).await;
         let status = match &result {
             Ok(response) => response.status().as_u16(),
             Err(e) => e.status(),
@@ -210,7 +210,7 @@ impl WasmFunction {
     async fn run<B>(
         self: &Arc<Self>,
         request: http::Request<B>,
-        request_id: u64,
+        cx: &CallContext,
         started: Instant,
     ) -> Result<http::Response<FunctionBody>, InvokeError>
     where
@@ -268,9 +268,14 @@ impl WasmFunction {
             .set_fuel(limits.fuel_per_execute)
             .map_err(|e| self.failed(format!("{e:#}")))?;
         store.data_mut().begin_execution(
-            vec![format!("function/{}", self.name)],
+            vec![format!(
+                "{}{}",
+                crate::namespace::FUNCTION_CALLER,
+                self.name
+            )],
             limits.execute_deadline,
-            request_id,
+            cx.request_id,
+            cx.tenant.clone(),
         );
         let incoming = store
             .data_mut()

@@ -72,9 +72,12 @@ impl WasmModel {
         Counters::bump(&self.counters.instantiations);
         // `initialize` may call models too: its calls carry this model as their caller, so a
         // call back into it is refused as a cycle instead of waiting out the deadline.
-        store
-            .data_mut()
-            .begin_execution(vec![self.name.clone()], self.limits.execute_deadline, 0);
+        store.data_mut().begin_execution(
+            vec![self.name.clone()],
+            self.limits.execute_deadline,
+            0,
+            None,
+        );
         let init = bindings
             .tessera_inference_handler()
             .call_initialize(&mut store, &self.config_json);
@@ -257,6 +260,8 @@ pub struct HostState {
     deadline: Option<std::time::Instant>,
     /// The client request the current execution serves (the first of its batch).
     request_id: u64,
+    /// The tenant the current execution serves (the first of its batch), for its BLS calls.
+    tenant: Option<std::sync::Arc<str>>,
     /// `wasi:http` state (used by functions only: a model's linker has no `wasi:http`).
     http: WasiHttpCtx,
     outgoing: OutgoingPolicy,
@@ -329,6 +334,7 @@ impl HostState {
             chain: Vec::new(),
             deadline: None,
             request_id: 0,
+            tenant: None,
             http: WasiHttpCtx::new(),
             outgoing: OutgoingPolicy {
                 allowed_hosts: guest.allowed_hosts.clone(),
@@ -342,8 +348,10 @@ impl HostState {
         chain: Vec<String>,
         deadline: std::time::Duration,
         request_id: u64,
+        tenant: Option<std::sync::Arc<str>>,
     ) {
         self.chain = chain;
+        self.tenant = tenant;
         self.request_id = request_id;
         self.deadline = Some(std::time::Instant::now() + deadline);
         self.limiter.memory_exceeded = false;
@@ -490,6 +498,7 @@ impl HostState {
             deadline: self.deadline,
             warmup: false,
             span: tracing::debug_span!("bls", caller = %self.model),
+            tenant: self.tenant.clone(),
         }
     }
 

@@ -380,14 +380,20 @@ impl WasmInstance {
             },
         };
         let chain = call_chain(&batch, &self.pre.name);
-        let request_id = batch.first().map_or(0, |c| c.cx.request_id);
+        // A batch may mix tenants of a shared model: its calls are metered to the first one's.
+        let (request_id, tenant) = batch
+            .first()
+            .map_or((0, None), |c| (c.cx.request_id, c.cx.tenant.clone()));
         let requests: Vec<_> = batch
             .into_iter()
             .map(|c| convert::request_to_wit(c.request))
             .collect();
-        live.store
-            .data_mut()
-            .begin_execution(chain, self.pre.limits.execute_deadline, request_id);
+        live.store.data_mut().begin_execution(
+            chain,
+            self.pre.limits.execute_deadline,
+            request_id,
+            tenant,
+        );
         let limits = &self.pre.limits;
         live.store.set_epoch_deadline(1);
         if let Err(e) = live.store.set_fuel(limits.fuel_per_execute) {

@@ -1,0 +1,895 @@
+//! Tenants: who may call the server, in which namespace, within which quotas.
+//!
+//! Tenancy is on when the server has an admin key (`TESSERA_ADMIN_KEY` or `--admin-key-file`).
+//! Then every request carries `Authorization: Bearer <key>`: the admin key acts as the operator
+//! (the models of `--model-repository`, the admin API), a tenant's key as that tenant (its own
+//! namespace, the shared models it was granted). Without an admin key the server is single-tenant
+//! and open: every request is the operator's.
+//!
+//! The registry lives in the deployment store as `tenants.json`, replaced atomically like a
+//! deployment's manifest, beside `tenants.secret`: the key of the keyed hash (HMAC-SHA256) that
+//! API keys are stored as. API keys are 256 random bits, so a keyed hash is as strong as a slow
+//! one against a stolen `tenants.json` and costs a microsecond per request instead of tens of
+//! milliseconds; without the secret, the hashes are useless.
+//!
+//! Quotas are checked at one place, the server's request path (`Server::infer` and function
+//! invocations), through [`Tenant::admit`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::infer::{ErrorKind, InferError};
+use crate::store::{StoreError, TENANTS_DIR, check_model_name, replace_file};
+
+const REGISTRY_FILE: &str = "tenants.json";
+const SECRET_FILE: &str = "tenants.secret";
+/// Every API key starts with this, so a leaked one is recognisable (secret scanners, logs).
+const KEY_PREFIX: &str = "tsk_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "tenancy is off: start the server with an admin key (TESSERA_ADMIN_KEY or --admin-key-file) to manage tenants"
+    )]
+    Disabled,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a request was not authenticated (401).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    #[error("missing API key: send 'Authorization: Bearer <key>'")]
+    Missing,
+    #[error("invalid API key")]
+    Invalid,
+}
+
+/// A tenant's limits. Each field has a default (documented in docs/tenants.md); a quota update
+/// changes only the fields it names.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Quotas {
+    /// Client requests (inferences and function invocations) in flight at once.
+    pub max_concurrent_requests: u32,
+    /// Client requests per second, with a burst of as many; 0: no limit.
+    pub requests_per_second: u32,
+    /// Models deployed in the tenant's namespace.
+    pub max_models: u32,
+    /// Functions deployed in the tenant's namespace.
+    pub max_functions: u32,
+    /// Bytes of the serving revisions of every model and function, the new deployment included.
+    pub max_deployed_bytes: u64,
+    /// Ceiling on the memory of each Wasm handler or function instance (clamps its own limit).
+    pub max_wasm_memory_bytes: u64,
+    /// Ceiling on the time of one Wasm execution or invocation, in ms (clamps its own limit).
+    pub max_wasm_time_ms: u64,
+    /// Priority level of the tenant's requests in models with priority levels (1 is highest;
+    /// 0: the model's default), unless a request sets its own.
+    pub priority: u32,
+}
+
+impl Default for Quotas {
+    fn default() -> Quotas {
+        Quotas {
+            max_concurrent_requests: 64,
+            requests_per_second: 1000,
+            max_models: 16,
+            max_functions: 16,
+            max_deployed_bytes: 1 << 30,
+            max_wasm_memory_bytes: 256 << 20,
+            max_wasm_time_ms: 30_000,
+            priority: 0,
+        }
+    }
+}
+
+impl Quotas {
+    /// These quotas with the fields of `patch` (a JSON object) replaced.
+    pub fn patched(&self, patch: serde_json::Value) -> Result<Quotas, TenantError> {
+        let serde_json::Value::Object(patch) = patch else {
+            return Err(TenantError::Invalid(
+                "quotas must be a JSON object, e.g. {\"requests_per_second\": 50}".into(),
+            ));
+        };
+        let mut merged = match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(o)) => o,
+            _ => serde_json::Map::new(),
+        };
+        merged.extend(patch);
+        let quotas: Quotas = serde_json::from_value(serde_json::Value::Object(merged))
+            .map_err(|e| TenantError::Invalid(format!("invalid quotas: {e}")))?;
+        if quotas.max_concurrent_requests == 0 {
+            return Err(TenantError::Invalid(
+                "max_concurrent_requests must be at least 1".into(),
+            ));
+        }
+        Ok(quotas)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct KeyRecord {
+    id: String,
+    /// HMAC-SHA256 of the whole key under the store's secret, hex.
+    hash: String,
+    created_at: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TenantRecord {
+    name: String,
+    created_at: u64,
+    #[serde(default)]
+    keys: Vec<KeyRecord>,
+    #[serde(default)]
+    quotas: Quotas,
+    /// Operator models this tenant may call (read-only).
+    #[serde(default)]
+    grants: BTreeSet<String>,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct RegistryFile {
+    tenants: Vec<TenantRecord>,
+}
+
+/// What the admin API shows of a tenant (never a key or its hash).
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantInfo {
+    pub name: String,
+    pub created_at: u64,
+    pub keys: Vec<String>,
+    pub quotas: Quotas,
+    pub grants: Vec<String>,
+}
+
+type RateLimiter = governor::DefaultDirectRateLimiter;
+
+/// Per-tenant request counters, for `/metrics`. Kept across quota changes.
+#[derive(Default)]
+pub struct TenantCounters {
+    success: AtomicU64,
+    failure: AtomicU64,
+    duration_us: AtomicU64,
+    rejected_rate: AtomicU64,
+    rejected_concurrency: AtomicU64,
+}
+
+/// One tenant as requests see it: its record and the live state its quotas need.
+pub struct Tenant {
+    pub name: Arc<str>,
+    record: TenantRecord,
+    concurrency: Arc<Semaphore>,
+    rate: Option<Arc<RateLimiter>>,
+    counters: Arc<TenantCounters>,
+}
+
+/// A client request admitted within its tenant's quotas; holds one concurrency slot.
+pub struct Admitted {
+    _slot: OwnedSemaphorePermit,
+    counters: Arc<TenantCounters>,
+    started: Instant,
+}
+
+impl Admitted {
+    /// Counts the request's outcome and time.
+    pub fn finish(self, ok: bool) {
+        let counter = if ok {
+            &self.counters.success
+        } else {
+            &self.counters.failure
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .duration_us
+            .fetch_add(self.started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+impl Tenant {
+    fn new(record: TenantRecord, previous: Option<&Tenant>) -> Tenant {
+        let quotas = &record.quotas;
+        let unchanged = previous.filter(|p| p.record.quotas == *quotas);
+        let concurrency = match unchanged {
+            Some(p) => p.concurrency.clone(),
+            None => Arc::new(Semaphore::new(quotas.max_concurrent_requests as usize)),
+        };
+        let rate = match unchanged {
+            Some(p) => p.rate.clone(),
+            None => NonZeroU32::new(quotas.requests_per_second)
+                .map(|rps| Arc::new(RateLimiter::direct(governor::Quota::per_second(rps)))),
+        };
+        Tenant {
+            name: Arc::from(record.name.as_str()),
+            concurrency,
+            rate,
+            counters: previous.map_or_else(Default::default, |p| p.counters.clone()),
+            record,
+        }
+    }
+
+    pub fn quotas(&self) -> &Quotas {
+        &self.record.quotas
+    }
+
+    /// Admits one client request, or says which quota refused it and when to retry. The
+    /// concurrency slot is taken first, so a request refused for it spends no rate.
+    pub fn admit(&self) -> Result<Admitted, InferError> {
+        let slot = self.concurrency.clone().try_acquire_owned().map_err(|_| {
+            self.counters
+                .rejected_concurrency
+                .fetch_add(1, Ordering::Relaxed);
+            quota_error(
+                format!(
+                    "tenant '{}' has {} requests in flight, its quota max_concurrent_requests; retry later",
+                    self.name, self.record.quotas.max_concurrent_requests
+                ),
+                Duration::from_secs(1),
+            )
+        })?;
+        if let Some(rate) = &self.rate
+            && let Err(not_until) = rate.check()
+        {
+            use governor::clock::Clock as _;
+            self.counters.rejected_rate.fetch_add(1, Ordering::Relaxed);
+            let wait = not_until.wait_time_from(governor::clock::DefaultClock::default().now());
+            return Err(quota_error(
+                format!(
+                    "tenant '{}' is over its quota requests_per_second ({}); retry later",
+                    self.name, self.record.quotas.requests_per_second
+                ),
+                wait,
+            ));
+        }
+        Ok(Admitted {
+            _slot: slot,
+            counters: self.counters.clone(),
+            started: Instant::now(),
+        })
+    }
+}
+
+fn quota_error(message: String, retry_after: Duration) -> InferError {
+    InferError {
+        retry_after: Some(retry_after),
+        ..InferError::new(ErrorKind::ResourceExhausted, message)
+    }
+}
+
+/// The admin key, kept out of `Debug` output and logs.
+#[derive(Clone)]
+pub struct AdminKey(pub String);
+
+impl std::fmt::Debug for AdminKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminKey(..)")
+    }
+}
+
+/// A tenant's Wasm ceilings: every deployment's own limits are clamped to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WasmCeiling {
+    pub max_memory_bytes: u64,
+    pub max_time: Duration,
+}
+
+/// Who made a request.
+#[derive(Clone)]
+pub enum Caller {
+    /// The operator: the admin key, or anyone on a server without tenancy.
+    Operator,
+    Tenant(Arc<Tenant>),
+}
+
+impl Caller {
+    /// The namespace the caller's names resolve in (None: the operator's).
+    pub fn namespace(&self) -> Option<&str> {
+        match self {
+            Caller::Operator => None,
+            Caller::Tenant(t) => Some(&t.name),
+        }
+    }
+
+    pub fn tenant(&self) -> Option<Arc<str>> {
+        match self {
+            Caller::Operator => None,
+            Caller::Tenant(t) => Some(t.name.clone()),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    by_name: BTreeMap<String, Arc<Tenant>>,
+    /// Key id → tenant, so a key is checked against one hash.
+    by_key: HashMap<String, Arc<Tenant>>,
+}
+
+impl Registry {
+    fn insert(&mut self, tenant: Arc<Tenant>) {
+        for key in &tenant.record.keys {
+            self.by_key.insert(key.id.clone(), tenant.clone());
+        }
+        self.by_name.insert(tenant.record.name.clone(), tenant);
+    }
+
+    fn records(&self) -> Vec<TenantRecord> {
+        self.by_name.values().map(|t| t.record.clone()).collect()
+    }
+}
+
+/// The tenants of a server.
+pub struct Tenants {
+    /// Set when tenancy is on: the keyed hash of the admin key.
+    admin: Option<[u8; 32]>,
+    root: PathBuf,
+    secret: [u8; 32],
+    registry: ArcSwap<Registry>,
+    /// One change at a time: read, write the file, swap.
+    writer: Mutex<()>,
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TenantError + '_ {
+    move |source| {
+        TenantError::Store(StoreError::Io {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], TenantError> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| TenantError::Invalid(format!("no random numbers from the OS: {e}")))?;
+    Ok(bytes)
+}
+
+impl Tenants {
+    /// A server without tenancy: everyone is the operator.
+    pub fn disabled() -> Tenants {
+        Tenants {
+            admin: None,
+            root: PathBuf::new(),
+            secret: [0; 32],
+            registry: ArcSwap::default(),
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// Opens the registry of the store at `root` (creating its secret on first use) with tenancy
+    /// on, and removes the folders of tenants it does not name (a crash during a deletion).
+    /// Blocks on the disk.
+    pub fn open(root: &Path, admin_key: &str) -> Result<Tenants, TenantError> {
+        if admin_key.len() < 16 {
+            return Err(TenantError::Invalid(
+                "the admin key must be at least 16 characters".into(),
+            ));
+        }
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        let secret_path = root.join(SECRET_FILE);
+        let secret: [u8; 32] = match std::fs::read(&secret_path) {
+            Ok(bytes) => bytes.try_into().map_err(|_| {
+                TenantError::Invalid(format!("{} is not 32 bytes", secret_path.display()))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let secret = random_bytes::<32>()?;
+                replace_file(&secret_path, &secret)?;
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&secret_path, std::fs::Permissions::from_mode(0o600))
+                        .map_err(io(&secret_path))?;
+                }
+                secret
+            }
+            Err(e) => return Err(io(&secret_path)(e)),
+        };
+        let registry_path = root.join(REGISTRY_FILE);
+        let file: RegistryFile = match std::fs::read(&registry_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| TenantError::Invalid(format!("{}: {e}", registry_path.display())))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => RegistryFile::default(),
+            Err(e) => return Err(io(&registry_path)(e)),
+        };
+        let mut registry = Registry::default();
+        for record in file.tenants {
+            registry.insert(Arc::new(Tenant::new(record, None)));
+        }
+        let tenants_dir = root.join(TENANTS_DIR);
+        if let Ok(entries) = std::fs::read_dir(&tenants_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !registry.by_name.contains_key(&name) {
+                    tracing::info!(tenant = %name, "removing the deployments of a deleted tenant");
+                    let path = entry.path();
+                    std::fs::remove_dir_all(&path).map_err(io(&path))?;
+                }
+            }
+        }
+        let tenants = Tenants {
+            admin: None,
+            root: root.to_owned(),
+            secret,
+            registry: ArcSwap::from_pointee(registry),
+            writer: Mutex::new(()),
+        };
+        Ok(Tenants {
+            admin: Some(tenants.mac(admin_key)),
+            ..tenants
+        })
+    }
+
+    /// Whether tenancy is on.
+    pub fn enabled(&self) -> bool {
+        self.admin.is_some()
+    }
+
+    fn mac(&self, key: &str) -> [u8; 32] {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret)
+            .expect("HMAC takes a key of any length");
+        mac.update(key.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Compares in constant time: `expected` is a keyed hash, `key` what the client sent.
+    fn matches(&self, key: &str, expected: &[u8]) -> bool {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret)
+            .expect("HMAC takes a key of any length");
+        mac.update(key.as_bytes());
+        mac.verify_slice(expected).is_ok()
+    }
+
+    /// Who sent `authorization` (the header's value). Without tenancy, everyone is the operator.
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Caller, AuthError> {
+        let Some(admin) = &self.admin else {
+            return Ok(Caller::Operator);
+        };
+        let header = authorization.ok_or(AuthError::Missing)?;
+        let key = std::str::from_utf8(header)
+            .ok()
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or(AuthError::Missing)?;
+        if let Some(id) = key
+            .strip_prefix(KEY_PREFIX)
+            .and_then(|rest| rest.split_once('_'))
+            .map(|(id, _)| id)
+        {
+            let registry = self.registry.load();
+            let tenant = registry.by_key.get(id).ok_or(AuthError::Invalid)?;
+            let record = tenant
+                .record
+                .keys
+                .iter()
+                .find(|k| k.id == id)
+                .ok_or(AuthError::Invalid)?;
+            let expected = hex_decode(&record.hash).ok_or(AuthError::Invalid)?;
+            return if self.matches(key, &expected) {
+                Ok(Caller::Tenant(tenant.clone()))
+            } else {
+                Err(AuthError::Invalid)
+            };
+        }
+        if self.matches(key, admin) {
+            Ok(Caller::Operator)
+        } else {
+            Err(AuthError::Invalid)
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.registry.load().by_name.get(name).cloned()
+    }
+
+    /// Whether `tenant` may call the operator's model `model`.
+    pub fn granted(&self, tenant: &str, model: &str) -> bool {
+        self.registry
+            .load()
+            .by_name
+            .get(tenant)
+            .is_some_and(|t| t.record.grants.contains(model))
+    }
+
+    /// The Wasm ceilings of the namespace `key` is in (None: the operator's, no ceiling).
+    pub fn ceiling(&self, key: &str) -> Option<WasmCeiling> {
+        let tenant = self.get(crate::namespace::split(key).0?)?;
+        Some(WasmCeiling {
+            max_memory_bytes: tenant.record.quotas.max_wasm_memory_bytes,
+            max_time: Duration::from_millis(tenant.record.quotas.max_wasm_time_ms),
+        })
+    }
+
+    /// The operator's models granted to `tenant`.
+    pub fn grants(&self, tenant: &str) -> BTreeSet<String> {
+        self.get(tenant)
+            .map(|t| t.record.grants.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn list(&self) -> Vec<TenantInfo> {
+        self.registry
+            .load()
+            .by_name
+            .values()
+            .map(|t| info(&t.record))
+            .collect()
+    }
+
+    pub fn info(&self, name: &str) -> Result<TenantInfo, TenantError> {
+        self.get(name)
+            .map(|t| info(&t.record))
+            .ok_or_else(|| unknown(name))
+    }
+
+    /// Applies `change` to the records, writes them durably, then serves them. Blocks.
+    fn change<T>(
+        &self,
+        change: impl FnOnce(&mut Vec<TenantRecord>) -> Result<T, TenantError>,
+    ) -> Result<T, TenantError> {
+        if !self.enabled() {
+            return Err(TenantError::Disabled);
+        }
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = self.registry.load_full();
+        let mut records = previous.records();
+        let out = change(&mut records)?;
+        let bytes = serde_json::to_vec_pretty(&RegistryFile {
+            tenants: records.clone(),
+        })
+        .map_err(|e| TenantError::Invalid(e.to_string()))?;
+        replace_file(&self.root.join(REGISTRY_FILE), &bytes)?;
+        let mut next = Registry::default();
+        for record in records {
+            let old = previous.by_name.get(&record.name).map(|t| &**t);
+            next.insert(Arc::new(Tenant::new(record, old)));
+        }
+        self.registry.store(Arc::new(next));
+        Ok(out)
+    }
+
+    pub fn create(&self, name: &str) -> Result<TenantInfo, TenantError> {
+        check_model_name(name).map_err(|e| {
+            TenantError::Invalid(e.to_string().replace("model name", "tenant name"))
+        })?;
+        self.change(|records| {
+            if records.iter().any(|r| r.name == name) {
+                return Err(TenantError::Conflict(format!(
+                    "tenant '{name}' already exists"
+                )));
+            }
+            let record = TenantRecord {
+                name: name.to_owned(),
+                created_at: now_unix(),
+                keys: Vec::new(),
+                quotas: Quotas::default(),
+                grants: BTreeSet::new(),
+            };
+            let shown = info(&record);
+            records.push(record);
+            Ok(shown)
+        })
+    }
+
+    /// Removes the tenant from the registry: its keys stop working at once. Its deployments are
+    /// the server's to remove (`Server::delete_tenant`).
+    pub fn delete(&self, name: &str) -> Result<(), TenantError> {
+        self.change(|records| {
+            let before = records.len();
+            records.retain(|r| r.name != name);
+            if records.len() == before {
+                return Err(unknown(name));
+            }
+            Ok(())
+        })
+    }
+
+    /// Removes what is left on disk of a deleted tenant.
+    pub fn remove_files(&self, name: &str) -> Result<(), TenantError> {
+        let dir = self.root.join(TENANTS_DIR).join(name);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&dir)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new API key for `name`: `(id, key)`. The key is shown only now; the registry keeps its
+    /// keyed hash.
+    pub fn issue_key(&self, name: &str) -> Result<(String, String), TenantError> {
+        let id: String = random_bytes::<6>()?
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes::<32>()?);
+        let key = format!("{KEY_PREFIX}{id}_{secret}");
+        let hash: String = self.mac(&key).iter().map(|b| format!("{b:02x}")).collect();
+        self.change(|records| {
+            let record = find(records, name)?;
+            record.keys.push(KeyRecord {
+                id: id.clone(),
+                hash,
+                created_at: now_unix(),
+            });
+            Ok(())
+        })?;
+        Ok((id, key))
+    }
+
+    pub fn revoke_key(&self, name: &str, id: &str) -> Result<(), TenantError> {
+        self.change(|records| {
+            let record = find(records, name)?;
+            let before = record.keys.len();
+            record.keys.retain(|k| k.id != id);
+            if record.keys.len() == before {
+                return Err(TenantError::NotFound(format!(
+                    "tenant '{name}' has no key '{id}'"
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    pub fn set_quotas(&self, name: &str, patch: serde_json::Value) -> Result<Quotas, TenantError> {
+        self.change(|records| {
+            let record = find(records, name)?;
+            record.quotas = record.quotas.patched(patch)?;
+            Ok(record.quotas.clone())
+        })
+    }
+
+    /// Grants (or with `allow` false, revokes) `name` the use of the operator's `model`.
+    pub fn set_grant(&self, name: &str, model: &str, allow: bool) -> Result<(), TenantError> {
+        check_model_name(model).map_err(|e| TenantError::Invalid(e.to_string()))?;
+        self.change(|records| {
+            let record = find(records, name)?;
+            if allow {
+                record.grants.insert(model.to_owned());
+            } else if !record.grants.remove(model) {
+                return Err(TenantError::NotFound(format!(
+                    "tenant '{name}' has no grant for '{model}'"
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    /// Per-tenant request metrics, Prometheus text.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let registry = self.registry.load();
+        if registry.by_name.is_empty() {
+            return;
+        }
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP tessera_tenant_requests_total Client requests (inferences and function invocations) admitted per tenant, by outcome\n# TYPE tessera_tenant_requests_total counter"
+        );
+        for (name, t) in &registry.by_name {
+            let c = &t.counters;
+            let _ = writeln!(
+                out,
+                "tessera_tenant_requests_total{{tenant=\"{name}\",outcome=\"success\"}} {}\ntessera_tenant_requests_total{{tenant=\"{name}\",outcome=\"failure\"}} {}",
+                load(&c.success),
+                load(&c.failure)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tessera_tenant_rejected_total Client requests refused by a tenant quota\n# TYPE tessera_tenant_rejected_total counter"
+        );
+        for (name, t) in &registry.by_name {
+            let c = &t.counters;
+            let _ = writeln!(
+                out,
+                "tessera_tenant_rejected_total{{tenant=\"{name}\",quota=\"requests_per_second\"}} {}\ntessera_tenant_rejected_total{{tenant=\"{name}\",quota=\"max_concurrent_requests\"}} {}",
+                load(&c.rejected_rate),
+                load(&c.rejected_concurrency)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tessera_tenant_request_duration_us Total time of a tenant's admitted requests, in microseconds\n# TYPE tessera_tenant_request_duration_us counter"
+        );
+        for (name, t) in &registry.by_name {
+            let _ = writeln!(
+                out,
+                "tessera_tenant_request_duration_us{{tenant=\"{name}\"}} {}",
+                load(&t.counters.duration_us)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tessera_tenant_inflight_requests Client requests a tenant has in flight\n# TYPE tessera_tenant_inflight_requests gauge"
+        );
+        for (name, t) in &registry.by_name {
+            let inflight = (t.record.quotas.max_concurrent_requests as usize)
+                .saturating_sub(t.concurrency.available_permits());
+            let _ = writeln!(
+                out,
+                "tessera_tenant_inflight_requests{{tenant=\"{name}\"}} {inflight}"
+            );
+        }
+    }
+}
+
+fn unknown(name: &str) -> TenantError {
+    TenantError::NotFound(format!("tenant '{name}' does not exist"))
+}
+
+fn find<'r>(
+    records: &'r mut [TenantRecord],
+    name: &str,
+) -> Result<&'r mut TenantRecord, TenantError> {
+    records
+        .iter_mut()
+        .find(|r| r.name == name)
+        .ok_or_else(|| unknown(name))
+}
+
+fn info(record: &TenantRecord) -> TenantInfo {
+    TenantInfo {
+        name: record.name.clone(),
+        created_at: record.created_at,
+        keys: record.keys.iter().map(|k| k.id.clone()).collect(),
+        quotas: record.quotas.clone(),
+        grants: record.grants.iter().cloned().collect(),
+    }
+}
+
+fn hex_decode(text: &str) -> Option<Vec<u8>> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ADMIN: &str = "admin-key-for-tests-0123";
+
+    fn scratch() -> tempdir::Scratch {
+        tempdir::Scratch::new()
+    }
+
+    mod tempdir {
+        /// A folder removed when dropped.
+        pub struct Scratch(pub std::path::PathBuf);
+        impl Scratch {
+            pub fn new() -> Scratch {
+                let mut bytes = [0u8; 8];
+                let _ = getrandom::fill(&mut bytes);
+                let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                Scratch(std::env::temp_dir().join(format!("tessera-tenants-{name}")))
+            }
+        }
+        impl Drop for Scratch {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    fn bearer(key: &str) -> Vec<u8> {
+        format!("Bearer {key}").into_bytes()
+    }
+
+    #[test]
+    fn keys_authenticate_until_revoked_and_survive_a_reopen() -> Result<(), TenantError> {
+        let dir = scratch();
+        let tenants = Tenants::open(&dir.0, ADMIN)?;
+        tenants.create("acme")?;
+        let (id, key) = tenants.issue_key("acme")?;
+        assert!(matches!(
+            tenants.authenticate(Some(&bearer(&key))),
+            Ok(Caller::Tenant(t)) if &*t.name == "acme"
+        ));
+        assert!(matches!(
+            tenants.authenticate(Some(&bearer(ADMIN))),
+            Ok(Caller::Operator)
+        ));
+        assert_eq!(tenants.authenticate(None).err(), Some(AuthError::Missing));
+        let mut wrong = key.clone();
+        wrong.pop();
+        wrong.push(if key.ends_with('A') { 'B' } else { 'A' });
+        assert_eq!(
+            tenants.authenticate(Some(&bearer(&wrong))).err(),
+            Some(AuthError::Invalid)
+        );
+        // What is on disk is a keyed hash, never the key.
+        let on_disk = std::fs::read_to_string(dir.0.join(REGISTRY_FILE)).map_err(io(&dir.0))?;
+        assert!(!on_disk.contains(&key[KEY_PREFIX.len() + 13..]));
+
+        let reopened = Tenants::open(&dir.0, ADMIN)?;
+        assert!(reopened.authenticate(Some(&bearer(&key))).is_ok());
+        reopened.revoke_key("acme", &id)?;
+        assert_eq!(
+            reopened.authenticate(Some(&bearer(&key))).err(),
+            Some(AuthError::Invalid)
+        );
+        let again = Tenants::open(&dir.0, ADMIN)?;
+        assert!(again.authenticate(Some(&bearer(&key))).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn quotas_patch_named_fields_and_refuse_unknown_ones() -> Result<(), TenantError> {
+        let q = Quotas::default().patched(serde_json::json!({ "requests_per_second": 5 }))?;
+        assert_eq!(q.requests_per_second, 5);
+        assert_eq!(q.max_models, Quotas::default().max_models);
+        assert!(
+            Quotas::default()
+                .patched(serde_json::json!({ "requests_per_minute": 5 }))
+                .is_err()
+        );
+        assert!(
+            Quotas::default()
+                .patched(serde_json::json!({ "max_concurrent_requests": 0 }))
+                .is_err()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn admission_counts_concurrency_and_rate() -> Result<(), TenantError> {
+        let dir = scratch();
+        let tenants = Tenants::open(&dir.0, ADMIN)?;
+        tenants.create("acme")?;
+        tenants.set_quotas(
+            "acme",
+            serde_json::json!({ "max_concurrent_requests": 1, "requests_per_second": 2 }),
+        )?;
+        let acme = tenants.get("acme").ok_or_else(|| unknown("acme"))?;
+        let first = acme.admit().map_err(|e| TenantError::Invalid(e.message))?;
+        let busy = acme.admit().err().map(|e| e.message).unwrap_or_default();
+        assert!(busy.contains("max_concurrent_requests"), "{busy}");
+        first.finish(true);
+        let _second = acme.admit().map_err(|e| TenantError::Invalid(e.message))?;
+        drop(_second);
+        // Two per second with a burst of two: the third in the same instant waits.
+        let limited = acme.admit().err().ok_or_else(|| unknown("a refusal"))?;
+        assert!(limited.message.contains("requests_per_second"));
+        assert!(
+            limited
+                .retry_after
+                .is_some_and(|d| d <= Duration::from_secs(1))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn without_an_admin_key_everyone_is_the_operator() {
+        let tenants = Tenants::disabled();
+        assert!(matches!(tenants.authenticate(None), Ok(Caller::Operator)));
+        assert!(matches!(tenants.create("acme"), Err(TenantError::Disabled)));
+    }
+}
