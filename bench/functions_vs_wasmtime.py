@@ -83,10 +83,12 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def wrk(url: str, connections: int, pid: int) -> dict:
+def wrk(url: str, connections: int, pid: int, extra: list[str] | None = None) -> dict:
+    """wrk on core 0 against `url` (`extra`: more wrk arguments, e.g. a script or headers)."""
     before = cpu_seconds(pid)
     out = subprocess.run(
-        ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{DURATION}s", "--latency", url],
+        ["taskset", "-c", "0", "wrk", "-t1", f"-c{connections}", f"-d{DURATION}s", "--latency",
+         *(extra or []), url],
         capture_output=True, text=True, check=True).stdout
     cpu = cpu_seconds(pid) - before
 

@@ -946,6 +946,14 @@ impl Control<'_> {
         })
     }
 
+    /// Forgets `name` entirely (a deleted tenant's model): unlike an unload, it no longer shows
+    /// in the index. Requests holding its versions finish on them.
+    pub fn forget(&self, name: &str) {
+        self.repo.update(|t| {
+            t.remove(name);
+        });
+    }
+
     /// Poll mode: picks up added, removed and changed models (and versions) in the repository
     /// folders and the store.
     pub async fn poll(&mut self) {

@@ -1011,6 +1011,7 @@ impl Server {
             if let Err(e) = self.unload_key(&key, true).await {
                 tracing::warn!(model = %key, "deleting tenant '{name}': {e}");
             }
+            self.repository.control().await.forget(&key);
         }
         self.functions.remove_tenant(name).await;
         tokio::task::block_in_place(|| {

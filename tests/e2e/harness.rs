@@ -327,7 +327,17 @@ impl Drop for TestServer {
 /// Runs the `tessera` command (a client command such as `deploy`); returns whether it succeeded
 /// and what it printed, stdout then stderr.
 pub fn tessera_cli(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+    tessera_cli_as(None, args)
+}
+
+/// [`tessera_cli`] with `TESSERA_API_KEY` set to `key`.
+pub fn tessera_cli_as(key: Option<&str>, args: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    match key {
+        Some(key) => cmd.env("TESSERA_API_KEY", key),
+        None => cmd.env_remove("TESSERA_API_KEY"),
+    };
+    let out = cmd
         .args(args)
         .env_remove("RUST_BACKTRACE")
         .output()

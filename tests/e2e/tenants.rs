@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, fixtures_repo, output_f32, shared_cache, temp_dir};
+use crate::harness::{
+    TestServer, fixtures_repo, output_f32, shared_cache, temp_dir, tessera_cli_as,
+};
 
 const ADMIN_KEY: &str = "e2e-admin-key-0123456789";
 
@@ -336,6 +338,12 @@ async fn tenants_see_only_their_own_names_on_every_path() {
         output_f32(&beta.infer("echo", 0.0).await.json(), "Y"),
         vec![2.0]
     );
+    // A new tenant of the same name starts empty.
+    let again = Client::new(&server, &tenant(&admin, "acme").await);
+    let index = again.post("/v2/repository/index", &json!({})).await;
+    assert_eq!(index.json(), json!([]), "{}", index.text);
+    assert_eq!(again.get("/v1/functions").await.json(), json!([]));
+    assert_eq!(again.infer("echo", 0.0).await.status, 404);
     server.stop();
 }
 
@@ -758,5 +766,70 @@ async fn a_flooding_tenant_does_not_starve_another_on_a_shared_model() {
         ratio < 5.0,
         "p99 alone {alone:?}, with a flooding neighbour {flooded:?}"
     );
+    server.stop();
+}
+
+#[tokio::test]
+async fn the_command_line_manages_tenants_and_deploys_as_one() {
+    let repo = temp_dir("tenants-repo");
+    let store = temp_dir("tenants-store");
+    let server = start(std::slice::from_ref(&repo), &store, &[]).await;
+    let base = server.base.clone();
+    let admin = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &base]);
+        tessera_cli_as(Some(ADMIN_KEY), &all)
+    };
+    let (ok, out) = admin(&["tenants", "create", "acme"]);
+    assert!(ok, "{out}");
+    let (ok, out) = admin(&["tenants", "key", "acme"]);
+    assert!(ok, "{out}");
+    let key = out
+        .lines()
+        .find(|l| l.starts_with("tsk_"))
+        .unwrap_or_else(|| panic!("a key in {out}"))
+        .to_owned();
+    let (ok, out) = admin(&["tenants", "quotas", "acme", "max_models=3", "priority=1"]);
+    assert!(ok && out.contains("\"max_models\": 3"), "{out}");
+    let (ok, out) = admin(&["tenants", "quotas", "acme", "no_such_quota=1"]);
+    assert!(!ok && out.contains("no_such_quota"), "{out}");
+    let (ok, out) = admin(&["tenants", "grant", "acme", "shared_thing"]);
+    assert!(ok, "{out}");
+    let (ok, out) = admin(&["tenants", "list"]);
+    assert!(
+        ok && out.contains("acme") && out.contains("shared_thing"),
+        "{out}"
+    );
+
+    // As the tenant: deploy a model folder, list it, call it.
+    let model_dir = temp_dir("cli-tenant-model");
+    std::fs::create_dir_all(model_dir.join("1")).expect("version folder");
+    std::fs::write(model_dir.join("1/model.wasm"), component("identity_echo")).expect("wasm");
+    std::fs::write(
+        model_dir.join("config.pbtxt"),
+        "name: \"mine\"\nbackend: \"wasm\"\nmax_batch_size: 8\n\
+         input [ { name: \"X\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n\
+         output [ { name: \"Y\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n",
+    )
+    .expect("config");
+    let dir = model_dir.to_str().expect("utf-8");
+    let (ok, out) = tessera_cli_as(Some(&key), &["deploy", dir, "--server", &base]);
+    assert!(ok && out.contains("/v2/models/mine/infer"), "{out}");
+    let (ok, out) = tessera_cli_as(Some(&key), &["models", "--server", &base]);
+    assert!(ok && out.contains("mine"), "{out}");
+    let (ok, out) = tessera_cli_as(None, &["models", "--server", &base]);
+    assert!(
+        !ok && out.contains("API key") && out.contains("401"),
+        "{out}"
+    );
+    let tenant_client = Client::new(&server, &key);
+    assert_eq!(tenant_client.infer("mine", 1.0).await.status, 200);
+    // A tenant cannot use the admin commands.
+    let (ok, out) = tessera_cli_as(Some(&key), &["tenants", "list", "--server", &base]);
+    assert!(!ok && out.contains("403"), "{out}");
+
+    let (ok, out) = admin(&["tenants", "delete", "acme"]);
+    assert!(ok, "{out}");
+    assert_eq!(tenant_client.infer("mine", 1.0).await.status, 401);
     server.stop();
 }
