@@ -449,19 +449,21 @@ impl Tenants {
         self.admin.is_some()
     }
 
-    fn mac(&self, key: &str) -> [u8; 32] {
+    /// The keyed hash of `key`, not yet finalized.
+    fn hasher(&self, key: &str) -> Hmac<Sha256> {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret)
             .expect("HMAC takes a key of any length");
         mac.update(key.as_bytes());
-        mac.finalize().into_bytes().into()
+        mac
+    }
+
+    fn mac(&self, key: &str) -> [u8; 32] {
+        self.hasher(key).finalize().into_bytes().into()
     }
 
     /// Compares in constant time: `expected` is a keyed hash, `key` what the client sent.
     fn matches(&self, key: &str, expected: &[u8]) -> bool {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret)
-            .expect("HMAC takes a key of any length");
-        mac.update(key.as_bytes());
-        mac.verify_slice(expected).is_ok()
+        self.hasher(key).verify_slice(expected).is_ok()
     }
 
     /// Who sent `authorization` (the header's value). Without tenancy, everyone is the operator.

@@ -325,8 +325,9 @@ async fn tenants_see_only_their_own_names_on_every_path() {
 
     // The admin API is the operator's.
     assert_eq!(beta.get("/v1/tenants").await.status, 403);
-    let deleted = beta.send(Method::DELETE, "/v1/tenants/acme", None).await;
-    assert_eq!(deleted.status, 403);
+    let deleted = seen(&beta, Method::DELETE, "/v1/tenants/NAME", None, "acme").await;
+    let nobody = seen(&beta, Method::DELETE, "/v1/tenants/NAME", None, "nope").await;
+    assert_eq!((deleted.0, &deleted), (403, &nobody));
     assert_eq!(acme.infer("echo", 0.0).await.status, 200);
 
     // Deleting a tenant takes its keys, models, functions and files.
@@ -530,6 +531,21 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
         .await;
     assert_eq!(over.status, 403, "{}", over.text);
     assert!(over.text.contains("max_models"), "{}", over.text);
+    admin
+        .send(
+            reqwest::Method::PUT,
+            "/v1/tenants/acme/quotas",
+            Some(&json!({ "max_functions": 1 })),
+        )
+        .await;
+    let over = acme.deploy_function("probe2", &probe_component(), "").await;
+    assert_eq!(over.status, 403, "{}", over.text);
+    assert!(over.text.contains("max_functions"), "{}", over.text);
+    // Replacing the one it has is no new function.
+    let again = acme
+        .deploy_function("probe", &probe_component(), "[limits]\ntimeout_ms = 5000\n")
+        .await;
+    assert_eq!(again.status, 200, "{}", again.text);
     admin
         .send(
             reqwest::Method::PUT,
