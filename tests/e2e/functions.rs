@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::harness::{
-    TestServer, examples_repo, fixtures_repo, repo_root, require_onnx_runtime, shared_cache,
-    temp_dir, tessera_cli,
+    TestServer, examples_repo, fixtures_repo, largest_batch, repo_root, require_onnx_runtime,
+    shared_cache, temp_dir, tessera_cli,
 };
 
 fn example_functions() -> String {
@@ -274,13 +274,7 @@ async fn concurrent_invocations_are_batched_with_everyone_else() {
     let (_, stats) = server.get("/v2/models/batched_echo/stats").await;
     let m = &stats["model_stats"][0];
     assert_eq!(m["inference_count"], 16, "{m}");
-    let largest = m["batch_stats"]
-        .as_array()
-        .expect("batch stats")
-        .iter()
-        .filter_map(|b| b["batch_size"].as_u64())
-        .max()
-        .unwrap_or(0);
+    let largest = largest_batch(m);
     assert!(largest > 1, "function calls were batched together: {m}");
     server.stop();
 }

@@ -386,6 +386,17 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// The largest batch size in one model version's statistics (an entry of `model_stats`).
+pub fn largest_batch(model_stats: &Value) -> u64 {
+    model_stats["batch_stats"]
+        .as_array()
+        .expect("batch stats")
+        .iter()
+        .filter_map(|b| b["batch_size"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
 /// FP32 values of an output in a JSON response.
 pub fn output_f32(body: &Value, name: &str) -> Vec<f32> {
     body["outputs"]

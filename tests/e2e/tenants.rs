@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::harness::{
-    TestServer, fixtures_repo, output_f32, shared_cache, temp_dir, tessera_cli_as,
+    TestServer, fixtures_repo, largest_batch, output_f32, shared_cache, temp_dir, tessera_cli_as,
 };
 
 const ADMIN_KEY: &str = "e2e-admin-key-0123456789";
@@ -104,6 +104,19 @@ impl<'s> Client<'s> {
         )
         .await
     }
+}
+
+/// Changes quotas of `tenant` (the fields of `patch`).
+async fn set_quotas(admin: &Client<'_>, tenant: &str, patch: Value) -> Answer {
+    let answer = admin
+        .send(
+            reqwest::Method::PUT,
+            &format!("/v1/tenants/{tenant}/quotas"),
+            Some(&patch),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    answer
 }
 
 /// Creates a tenant and returns a fresh key of it.
@@ -436,14 +449,7 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
     );
 
     // Requests per second: a burst beyond it is refused with Retry-After, naming the quota.
-    let set = admin
-        .send(
-            reqwest::Method::PUT,
-            "/v1/tenants/acme/quotas",
-            Some(&json!({ "requests_per_second": 3 })),
-        )
-        .await;
-    assert_eq!(set.status, 200, "{}", set.text);
+    set_quotas(&admin, "acme", json!({ "requests_per_second": 3 })).await;
     let mut refused = None;
     for _ in 0..10 {
         let a = acme.infer("echo", 0.0).await;
@@ -476,13 +482,12 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
     );
 
     // Concurrent requests: with one allowed, a second while the first runs is refused.
-    admin
-        .send(
-            reqwest::Method::PUT,
-            "/v1/tenants/acme/quotas",
-            Some(&json!({ "requests_per_second": 0, "max_concurrent_requests": 1 })),
-        )
-        .await;
+    set_quotas(
+        &admin,
+        "acme",
+        json!({ "requests_per_second": 0, "max_concurrent_requests": 1 }),
+    )
+    .await;
     let d = acme
         .deploy(
             "slow",
@@ -519,25 +524,18 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
     assert_eq!(first.await.expect("task").expect("answers"), 200);
 
     // Deployment quotas: the number (403) and the bytes (413), each named.
-    admin
-        .send(
-            reqwest::Method::PUT,
-            "/v1/tenants/acme/quotas",
-            Some(&json!({ "max_concurrent_requests": 8, "max_models": 2 })),
-        )
-        .await;
+    set_quotas(
+        &admin,
+        "acme",
+        json!({ "max_concurrent_requests": 8, "max_models": 2 }),
+    )
+    .await;
     let over = acme
         .deploy("third", &echo_config("third", 0, false), &echo)
         .await;
     assert_eq!(over.status, 403, "{}", over.text);
     assert!(over.text.contains("max_models"), "{}", over.text);
-    admin
-        .send(
-            reqwest::Method::PUT,
-            "/v1/tenants/acme/quotas",
-            Some(&json!({ "max_functions": 1 })),
-        )
-        .await;
+    set_quotas(&admin, "acme", json!({ "max_functions": 1 })).await;
     let over = acme.deploy_function("probe2", &probe_component(), "").await;
     assert_eq!(over.status, 403, "{}", over.text);
     assert!(over.text.contains("max_functions"), "{}", over.text);
@@ -546,13 +544,12 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
         .deploy_function("probe", &probe_component(), "[limits]\ntimeout_ms = 5000\n")
         .await;
     assert_eq!(again.status, 200, "{}", again.text);
-    admin
-        .send(
-            reqwest::Method::PUT,
-            "/v1/tenants/acme/quotas",
-            Some(&json!({ "max_models": 8, "max_deployed_bytes": 1000 })),
-        )
-        .await;
+    set_quotas(
+        &admin,
+        "acme",
+        json!({ "max_models": 8, "max_deployed_bytes": 1000 }),
+    )
+    .await;
     let over = acme
         .deploy("third", &echo_config("third", 0, false), &echo)
         .await;
@@ -560,13 +557,12 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
     assert!(over.text.contains("max_deployed_bytes"), "{}", over.text);
 
     // Wasm ceilings clamp a deployment's own limits.
-    admin
-        .send(
-            reqwest::Method::PUT,
-            "/v1/tenants/acme/quotas",
-            Some(&json!({ "max_deployed_bytes": 1u64 << 30, "max_wasm_time_ms": 250 })),
-        )
-        .await;
+    set_quotas(
+        &admin,
+        "acme",
+        json!({ "max_deployed_bytes": 1u64 << 30, "max_wasm_time_ms": 250 }),
+    )
+    .await;
     let mut config = echo_config("clamped", 0, false);
     config["parameters"]["execute_deadline_ms"] = json!({ "string_value": "60000" });
     let d = acme.deploy("clamped", &config, &echo).await;
@@ -685,13 +681,7 @@ async fn a_shared_model_batches_requests_of_several_tenants() {
     let stats = admin.get("/v2/models/shared/stats").await.json();
     let m = &stats["model_stats"][0];
     assert_eq!(m["inference_count"], 16, "{m}");
-    let largest = m["batch_stats"]
-        .as_array()
-        .expect("batch stats")
-        .iter()
-        .filter_map(|b| b["batch_size"].as_u64())
-        .max()
-        .unwrap_or(0);
+    let largest = largest_batch(m);
     assert!(largest > 8, "one batch held both tenants' requests: {m}");
     // A tenant granted the model sees it, read-only.
     let acme = Client::new(&server, &acme_key);
