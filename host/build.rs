@@ -1,13 +1,54 @@
 //! The Wasm guests in `examples/` and `tests/guests/` are built for `wasm32-wasip2` and installed
 //! as `model.wasm` next to their `config.pbtxt`, so `cargo run`/`cargo test` serve fresh handlers.
-//! (Triton's `ModelConfig` schema is compiled by `crates/core/build.rs`.)
+//! Triton's gRPC service (`proto/grpc_service.proto`, `proto/health.proto`, vendored from
+//! triton-inference-server/common) becomes tonic server code; its `ModelConfig` is the one
+//! `crates/core/build.rs` compiles, shared rather than generated twice.
 
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
+    compile_grpc();
     build_guests();
+}
+
+fn compile_grpc() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let core_proto = manifest_dir.join("../crates/core/proto");
+    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed={}", core_proto.display());
+    let fds = protox::compile(
+        ["grpc_service.proto", "health.proto"],
+        [manifest_dir.join("proto"), core_proto],
+    )
+    .expect("the gRPC protos compile");
+    let mut builder = tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        // Tensor payloads stay reference-counted slices of the request.
+        .bytes(".");
+    // model_config.proto's types are tessera-core's: used from there, not generated again.
+    for file in fds
+        .file
+        .iter()
+        .filter(|f| f.name.as_deref() == Some("model_config.proto"))
+    {
+        let names = file
+            .message_type
+            .iter()
+            .map(|m| m.name())
+            .chain(file.enum_type.iter().map(|e| e.name()));
+        for name in names {
+            builder = builder.extern_path(
+                format!(".inference.{name}"),
+                format!("::tessera_core::config::pb::{name}"),
+            );
+        }
+    }
+    builder
+        .compile_fds(fds)
+        .expect("tonic generates the gRPC service");
 }
 
 /// Builds each guest workspace and copies its components into the matching model repository.

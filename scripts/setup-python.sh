@@ -17,7 +17,8 @@ PINS=(
   "onnxruntime==1.31.1"
   "onnx==1.23.2"
   "numpy"
-  "tritonclient[http]==2.73.0"
+  "tritonclient[http,grpc]==2.73.0"
+  "grpcio==1.85.1"
   "pytest==9.2.0"
   "pillow==13.0.0"
 )
@@ -31,6 +32,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
 # Sanity check: the interpreter can import everything and the ORT dylib exists.
 "$VPY" - <<'PY'
-import numpy, onnx, onnxruntime, pytest, tritonclient.http  # noqa: F401
+import numpy, onnx, onnxruntime, pytest, tritonclient.http, tritonclient.grpc  # noqa: F401
 PY
 "$ROOT/scripts/ort-dylib-path.sh" > /dev/null

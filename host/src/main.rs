@@ -211,9 +211,19 @@ struct ServeArgs {
     /// The largest total size, in bytes, of the files of one deployment (413 beyond).
     #[arg(long, env = "TESSERA_MAX_DEPLOYMENT_BYTES", default_value_t = 256 * 1024 * 1024)]
     max_deployment_bytes: usize,
-    /// Reserved for KServe v2 gRPC (not served yet).
+    /// KServe v2 gRPC port (Triton's `inference.GRPCInferenceService`).
     #[arg(long, default_value_t = 8001)]
     grpc_port: u16,
+    /// Address the gRPC listener binds to.
+    #[arg(long, default_value = "0.0.0.0")]
+    grpc_address: String,
+    /// Serve gRPC on --grpc-port.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    allow_grpc: bool,
+    /// Accepted for tritonserver compatibility and ignored: tessera keeps no pool of response
+    /// messages (each answer is built once and handed to tonic).
+    #[arg(long, default_value_t = 8)]
+    grpc_infer_allocation_pool_size: u32,
     /// Prometheus metrics port (`/metrics`).
     #[arg(long, default_value_t = 8002)]
     metrics_port: u16,
@@ -502,6 +512,47 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
+    // One signal stops every listener.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let grpc = if serve.allow_grpc {
+        let grpc_addr: SocketAddr = format!("{}:{}", serve.grpc_address, serve.grpc_port)
+            .parse()
+            .with_context(|| format!("invalid --grpc-address '{}'", serve.grpc_address))?;
+        let grpc_listener = tokio::net::TcpListener::bind(grpc_addr)
+            .await
+            .with_context(|| format!("cannot listen on {grpc_addr} for gRPC"))?;
+        tracing::info!("KServe v2 gRPC on {}", grpc_listener.local_addr()?);
+        let (inference, health) = tessera::protocol::grpc::services(
+            server.clone(),
+            serve.http_max_input_size,
+            serve.verbose_errors,
+        );
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+        let grpc_stopped = until_stopped();
+        Some(tokio::spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(inference)
+                .add_service(health)
+                .serve_with_incoming_shutdown(incoming, grpc_stopped)
+                .await;
+            if let Err(e) = served {
+                tracing::error!("gRPC server failed: {e}");
+            }
+        }))
+    } else {
+        None
+    };
     let app = tessera::protocol::http::router(
         server.clone(),
         serve.http_max_input_size,
@@ -516,9 +567,12 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         }
     });
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(until_stopped())
         .await
         .context("HTTP server failed")?;
+    if let Some(grpc) = grpc {
+        let _ = grpc.await;
+    }
     tracing::info!("shutting down");
     // Let queued work finish and handlers' `finalize` run before the process exits.
     server.shutdown().await;

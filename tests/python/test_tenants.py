@@ -147,3 +147,31 @@ def test_no_key_is_refused(tenancy):
     status, message = refusal(lambda: client.get_model_metadata("add_sub"))
     assert "API key" in message
     assert client.is_server_live()  # health stays open
+
+
+def test_grpc_takes_the_same_keys(tenancy):
+    import tritonclient.grpc as grpcclient
+
+    srv, _, keys = tenancy
+    grpc = grpcclient.InferenceServerClient(url=f"{srv.host}:{srv.grpc_port}")
+    try:
+        # gRPC metadata keys are lower case.
+        acme = {"authorization": f"Bearer {keys['acme']}"}
+        assert grpc.is_model_ready("add_sub", headers=acme)
+        inputs = []
+        for name, value in (("INPUT0", A), ("INPUT1", B)):
+            t = grpcclient.InferInput(name, [1, 16], "FP32")
+            t.set_data_from_numpy(value.reshape(1, 16))
+            inputs.append(t)
+        result = grpc.infer("add_sub", inputs, headers=acme)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0").reshape(16), A + B)
+        # beta was not granted add_sub: NOT_FOUND, as for a model that does not exist.
+        with pytest.raises(InferenceServerException) as e:
+            grpc.infer("add_sub", inputs, headers={"authorization": f"Bearer {keys['beta']}"})
+        assert str(e.value.status()) == "StatusCode.NOT_FOUND"
+        with pytest.raises(InferenceServerException) as e:
+            grpc.infer("add_sub", inputs)
+        assert str(e.value.status()) == "StatusCode.UNAUTHENTICATED"
+        assert grpc.is_server_live()  # health stays open
+    finally:
+        grpc.close()

@@ -118,8 +118,35 @@ impl<'de> Deserialize<'de> for ParamJson {
     }
 }
 
+/// A request's scheduling parameters, as every KServe v2 front-end carries them: `priority` (1
+/// is highest, 0 the model's default) and `timeout` (queue timeout in µs; 0: none).
+pub fn scheduling_parameters(
+    params: &BTreeMap<String, ParamValue>,
+) -> Result<(u32, Option<Duration>), InferError> {
+    let get = |key: &str| param_u64_in(params.get(key), key);
+    let priority = u32::try_from(get("priority")?.unwrap_or(0))
+        .map_err(|_| InferError::invalid("parameter 'priority' is too large"))?;
+    let timeout = get("timeout")?
+        .filter(|&t| t > 0)
+        .map(Duration::from_micros);
+    Ok((priority, timeout))
+}
+
+/// The number of classes an output asks for (its `classification` parameter, as tritonclient
+/// sends `class_count`; 0: the tensor itself).
+pub fn class_count_parameter(params: &BTreeMap<String, ParamValue>) -> Result<u32, InferError> {
+    let count = param_u64_in(params.get("classification"), "classification")?
+        .or(param_u64_in(params.get("class_count"), "class_count")?)
+        .unwrap_or(0);
+    u32::try_from(count).map_err(|_| InferError::invalid("class_count is too large"))
+}
+
 fn param_u64(params: Option<&Parameters>, key: &str) -> Result<Option<u64>, InferError> {
-    match params.and_then(|p| p.get(key)) {
+    param_u64_in(params.and_then(|p| p.get(key)), key)
+}
+
+fn param_u64_in(value: Option<&ParamValue>, key: &str) -> Result<Option<u64>, InferError> {
+    match value {
         None => Ok(None),
         Some(ParamValue::Int(n)) if *n >= 0 => Ok(Some(n.unsigned_abs())),
         Some(_) => Err(InferError::invalid(format!(
@@ -156,16 +183,14 @@ pub fn decode_request(
     };
     let parsed: RequestJson = serde_json::from_slice(json)
         .map_err(|e| InferError::invalid(format!("failed to parse the request JSON: {e}")))?;
-    let params = parsed.parameters.as_ref();
-    let all_binary = param_bool(params, "binary_data_output")?;
+    let all_binary = param_bool(parsed.parameters.as_ref(), "binary_data_output")?;
+    let parameters = parsed.parameters.map(|p| p.0).unwrap_or_default();
+    let (priority, timeout) = scheduling_parameters(&parameters)?;
     let mut request = InferRequest {
         id: parsed.id.unwrap_or_default(),
-        priority: u32::try_from(param_u64(params, "priority")?.unwrap_or(0))
-            .map_err(|_| InferError::invalid("parameter 'priority' is too large"))?,
-        timeout: param_u64(params, "timeout")?
-            .filter(|&t| t > 0)
-            .map(Duration::from_micros),
-        parameters: parsed.parameters.map(|p| p.0).unwrap_or_default(),
+        priority,
+        timeout,
+        parameters,
         ..Default::default()
     };
     for input in parsed.inputs {
@@ -220,13 +245,10 @@ pub fn decode_request(
         request.outputs.push(RequestedOutput {
             binary: param_bool(p, "binary_data")?
                 || all_binary && p.and_then(|p| p.get("binary_data")).is_none(),
-            // The wire name is "classification" (tritonclient's `class_count` argument).
-            class_count: u32::try_from(
-                param_u64(p, "classification")?
-                    .or(param_u64(p, "class_count")?)
-                    .unwrap_or(0),
-            )
-            .map_err(|_| InferError::invalid("class_count is too large"))?,
+            class_count: match p {
+                Some(p) => class_count_parameter(&p.0)?,
+                None => 0,
+            },
             name: output.name,
         });
     }

@@ -621,7 +621,7 @@ fn split(
 macro_rules! numeric_types {
     ($m:ident) => {
         $m! {
-            Fp32 => f32, Fp64 => f64,
+            Fp16 => half::f16, Fp32 => f32, Fp64 => f64,
             Int8 => i8, Int16 => i16, Int32 => i32, Int64 => i64,
             Uint8 => u8, Uint16 => u16, Uint32 => u32, Uint64 => u64
         }

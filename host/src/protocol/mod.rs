@@ -3,6 +3,7 @@
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
 //! - [`http`]: KServe v2 over HTTP/REST.
 
+pub mod grpc;
 pub mod http;
 pub use tessera_core::kserve;
 

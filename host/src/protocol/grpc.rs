@@ -1,0 +1,794 @@
+//! KServe v2 over gRPC: Triton's `inference.GRPCInferenceService` (`proto/grpc_service.proto`)
+//! and the standard `grpc.health.v1.Health`, on `--grpc-port`.
+//!
+//! Every RPC decodes its message, calls the same [`Server`] API as HTTP (`Server::infer` for
+//! inference, so gRPC requests share each model's queue with everyone else's), and encodes the
+//! answer. Errors carry the gRPC codes Triton uses. With tenancy on, the caller's key comes in
+//! the `authorization` metadata (`Bearer <key>`), as tritonclient sends headers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::infer::{CallContext, ErrorKind, InferError, InferRequest, ParamValue, RequestedOutput};
+use crate::metrics::{StatsSnapshot, Tally};
+use crate::protocol::kserve::{
+    class_count_parameter, decode_bytes_elements, encode_bytes_elements, scheduling_parameters,
+};
+use crate::repository::ControlError;
+use crate::server::{LoadRequest, Server};
+use crate::tenants::Caller;
+use crate::tensor::{DataType, Tensor, TensorData};
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("inference");
+}
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod health_pb {
+    tonic::include_proto!("grpc.health.v1");
+}
+
+use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use pb::model_infer_response::InferOutputTensor;
+
+/// How many requests of one stream run at once; answers still go back in order.
+const STREAM_CONCURRENCY: usize = 64;
+
+/// The gRPC services, ready to add to a tonic server. `max_message` bounds a message in bytes
+/// both ways (`--grpc-max-message-size`, as large as `--http-max-input-size` by default: tonic's
+/// own default of 4 MiB is too small for tensors).
+pub fn services(
+    server: Arc<Server>,
+    max_message: usize,
+    verbose_errors: bool,
+) -> (
+    GrpcInferenceServiceServer<Grpc>,
+    health_pb::health_server::HealthServer<Health>,
+) {
+    let inference = GrpcInferenceServiceServer::new(Grpc {
+        server: server.clone(),
+        verbose_errors,
+    })
+    .max_decoding_message_size(max_message)
+    .max_encoding_message_size(max_message)
+    // Compression when the client asks for it (tritonclient's `compression_algorithm`).
+    .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+    .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+    (
+        inference,
+        health_pb::health_server::HealthServer::new(Health { server }),
+    )
+}
+
+pub struct Grpc {
+    server: Arc<Server>,
+    verbose_errors: bool,
+}
+
+/// `grpc.health.v1.Health`: SERVING when the server is ready (open, like Triton's health RPCs).
+pub struct Health {
+    server: Arc<Server>,
+}
+
+#[tonic::async_trait]
+impl health_pb::health_server::Health for Health {
+    async fn check(
+        &self,
+        _request: Request<health_pb::HealthCheckRequest>,
+    ) -> Result<Response<health_pb::HealthCheckResponse>, Status> {
+        use health_pb::health_check_response::ServingStatus;
+        let status = if self.server.ready() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        Ok(Response::new(health_pb::HealthCheckResponse {
+            status: status as i32,
+        }))
+    }
+}
+
+/// The gRPC code Triton uses for each kind of error.
+pub fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::Unavailable | ErrorKind::Timeout => Code::Unavailable,
+        ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
+
+/// An inference error as a gRPC status; a quota's wait goes in `retry-after` metadata.
+fn status(e: &InferError) -> Status {
+    let mut status = Status::new(code_of(e.kind), e.message.clone());
+    if let Some(wait) = e.retry_after {
+        let seconds = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
+        if let Ok(value) = seconds.to_string().parse() {
+            status.metadata_mut().insert("retry-after", value);
+        }
+    }
+    status
+}
+
+fn control_status(e: &ControlError) -> Status {
+    let code = match e {
+        ControlError::NotFound(_) => Code::NotFound,
+        ControlError::Invalid(_) | ControlError::NotAllowed(_) => Code::InvalidArgument,
+        ControlError::TooLarge(_) => Code::ResourceExhausted,
+        ControlError::Forbidden(_) => Code::PermissionDenied,
+        ControlError::Internal(_) => Code::Internal,
+    };
+    Status::new(code, e.to_string())
+}
+
+/// `""` is the newest version; anything else must be a positive integer.
+fn parse_version(version: &str) -> Result<Option<i64>, InferError> {
+    if version.is_empty() {
+        return Ok(None);
+    }
+    version
+        .parse::<i64>()
+        .ok()
+        .filter(|&v| v > 0)
+        .map(Some)
+        .ok_or_else(|| InferError::invalid(format!("'{version}' is not a valid model version")))
+}
+
+impl Grpc {
+    /// Who sent `request` (its `authorization` metadata); without tenancy, the operator.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
+        self.server
+            .tenants()
+            .authenticate(header)
+            .map_err(|e| Status::unauthenticated(e.to_string()))
+    }
+
+    /// Runs one `ModelInferRequest` through the single request path.
+    async fn infer(
+        &self,
+        caller: &Caller,
+        message: pb::ModelInferRequest,
+    ) -> Result<pb::ModelInferResponse, InferError> {
+        let model = message.model_name.clone();
+        let version = parse_version(&message.model_version)?;
+        let request = decode_request(message)?;
+        let cx = CallContext::root_for(caller.tenant());
+        let request_id = cx.request_id;
+        let response = self
+            .server
+            .infer(cx, &model, version, request)
+            .await
+            .map_err(|e| e.for_client(self.verbose_errors, request_id))?;
+        encode_response(response)
+    }
+}
+
+type ResponseStream =
+    Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Grpc {
+    async fn server_live(
+        &self,
+        _request: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        Ok(Response::new(pb::ServerLiveResponse {
+            live: self.server.live(),
+        }))
+    }
+
+    async fn server_ready(
+        &self,
+        _request: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        Ok(Response::new(pb::ServerReadyResponse {
+            ready: self.server.ready(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        request: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let version = parse_version(&r.version).map_err(|e| status(&e))?;
+        // Triton answers `ready: false` for a model that does not exist too.
+        let ready = self.server.model_ready(&caller, &r.name, version).is_ok();
+        Ok(Response::new(pb::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        request: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        self.caller(&request)?;
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: "tessera".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: super::http::EXTENSIONS
+                .iter()
+                .map(|e| (*e).to_owned())
+                .collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        use pb::model_metadata_response::TensorMetadata;
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let version = parse_version(&r.version).map_err(|e| status(&e))?;
+        let m = self
+            .server
+            .model_metadata(&caller, &r.name, version)
+            .map_err(|e| status(&e))?;
+        let tensors = |specs: &[crate::signature::TensorSpec]| {
+            specs
+                .iter()
+                .map(|t| TensorMetadata {
+                    name: t.name.clone(),
+                    datatype: t.datatype.name().into(),
+                    shape: t.client_shape(m.batched),
+                })
+                .collect()
+        };
+        Ok(Response::new(pb::ModelMetadataResponse {
+            inputs: tensors(&m.inputs),
+            outputs: tensors(&m.outputs),
+            versions: m.versions.iter().map(i64::to_string).collect(),
+            name: m.name,
+            platform: m.platform,
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        let caller = self.caller(&request)?;
+        self.infer(&caller, request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(|e| status(&e))
+    }
+
+    type ModelStreamInferStream = ResponseStream;
+
+    /// Each request of the stream is answered in order; a failed one answers with its error
+    /// in `error_message` and the stream goes on, as in Triton. Up to [`STREAM_CONCURRENCY`]
+    /// requests of a stream run at once.
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let caller = self.caller(&request)?;
+        let this = Grpc {
+            server: self.server.clone(),
+            verbose_errors: self.verbose_errors,
+        };
+        let this = Arc::new(this);
+        let answers = request
+            .into_inner()
+            .map(move |message| {
+                let (this, caller) = (this.clone(), caller.clone());
+                async move {
+                    let message = message?;
+                    let id = message.id.clone();
+                    Ok(match this.infer(&caller, message).await {
+                        Ok(response) => pb::ModelStreamInferResponse {
+                            error_message: String::new(),
+                            infer_response: Some(response),
+                        },
+                        Err(e) => pb::ModelStreamInferResponse {
+                            error_message: e.message,
+                            // The request id, so the client can tell which request failed.
+                            infer_response: Some(pb::ModelInferResponse {
+                                id,
+                                ..Default::default()
+                            }),
+                        },
+                    })
+                }
+            })
+            .buffered(STREAM_CONCURRENCY);
+        Ok(Response::new(Box::pin(answers)))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let version = parse_version(&r.version).map_err(|e| status(&e))?;
+        let config = self
+            .server
+            .model_config(&caller, &r.name, version)
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(crate::config::ModelConfig::clone(&config)),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let version = parse_version(&r.version).map_err(|e| status(&e))?;
+        let model = (!r.name.is_empty()).then_some(r.name.as_str());
+        let stats = self
+            .server
+            .statistics(&caller, model, version)
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::ModelStatisticsResponse {
+            model_stats: stats
+                .iter()
+                .map(|v| statistics(&v.name, v.version, &v.stats))
+                .collect(),
+        }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        use pb::repository_index_response::ModelIndex;
+        let caller = self.caller(&request)?;
+        let ready = request.into_inner().ready;
+        let models = self
+            .server
+            .repository_index(&caller, ready)
+            .into_iter()
+            .map(|row| ModelIndex {
+                name: row.name,
+                version: row.version,
+                state: row.state.map(|s| s.as_str().to_owned()).unwrap_or_default(),
+                reason: row.reason,
+            })
+            .collect();
+        Ok(Response::new(pb::RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        use pb::model_repository_parameter::ParameterChoice;
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let mut load = LoadRequest::default();
+        for (key, value) in r.parameters {
+            match (key.as_str(), value.parameter_choice) {
+                ("config", Some(ParameterChoice::StringParam(json))) => load.config = Some(json),
+                (path, Some(ParameterChoice::BytesParam(bytes))) if path.starts_with("file:") => {
+                    load.files.push((path["file:".len()..].to_owned(), bytes));
+                }
+                (key, _) => {
+                    return Err(Status::invalid_argument(format!(
+                        "unknown or malformed load parameter '{key}' (expected 'config' as a string or 'file:<path>' as bytes)"
+                    )));
+                }
+            }
+        }
+        self.server
+            .load_model(&caller, &r.model_name, load)
+            .await
+            .map_err(|e| control_status(&e))?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        use pb::model_repository_parameter::ParameterChoice;
+        let caller = self.caller(&request)?;
+        let r = request.into_inner();
+        let mut dependents = false;
+        for (key, value) in r.parameters {
+            match (key.as_str(), value.parameter_choice) {
+                ("unload_dependents", Some(ParameterChoice::BoolParam(b))) => dependents = b,
+                (key, _) => {
+                    return Err(Status::invalid_argument(format!(
+                        "unknown or malformed unload parameter '{key}' (expected 'unload_dependents' as a bool)"
+                    )));
+                }
+            }
+        }
+        self.server
+            .unload_model(&caller, &r.model_name, dependents)
+            .await
+            .map_err(|e| control_status(&e))?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _request: Request<pb::SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
+        Err(Status::unimplemented(
+            "system shared memory is not supported yet",
+        ))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _request: Request<pb::SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
+        Err(Status::unimplemented(
+            "system shared memory is not supported yet",
+        ))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _request: Request<pb::SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
+        Err(Status::unimplemented(
+            "system shared memory is not supported yet",
+        ))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _request: Request<pb::CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
+        Err(cuda_unsupported())
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _request: Request<pb::CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
+        Err(cuda_unsupported())
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _request: Request<pb::CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
+        Err(cuda_unsupported())
+    }
+
+    async fn trace_setting(
+        &self,
+        _request: Request<pb::TraceSettingRequest>,
+    ) -> Result<Response<pb::TraceSettingResponse>, Status> {
+        Err(Status::unimplemented("trace settings are not supported"))
+    }
+
+    async fn log_settings(
+        &self,
+        _request: Request<pb::LogSettingsRequest>,
+    ) -> Result<Response<pb::LogSettingsResponse>, Status> {
+        Err(Status::unimplemented(
+            "log settings are not supported (use --log-verbose or RUST_LOG)",
+        ))
+    }
+}
+
+fn cuda_unsupported() -> Status {
+    Status::unimplemented("CUDA shared memory is not supported: this server has no GPU support")
+}
+
+fn parameter(name: &str, value: pb::InferParameter) -> Result<ParamValue, InferError> {
+    use pb::infer_parameter::ParameterChoice;
+    match value.parameter_choice {
+        Some(ParameterChoice::BoolParam(b)) => Ok(ParamValue::Bool(b)),
+        Some(ParameterChoice::Int64Param(n)) => Ok(ParamValue::Int(n)),
+        Some(ParameterChoice::Uint64Param(n)) => i64::try_from(n)
+            .map(ParamValue::Int)
+            .map_err(|_| InferError::invalid(format!("parameter '{name}' is too large"))),
+        Some(ParameterChoice::DoubleParam(d)) => Ok(ParamValue::Double(d)),
+        Some(ParameterChoice::StringParam(s)) => Ok(ParamValue::String(s)),
+        None => Err(InferError::invalid(format!(
+            "parameter '{name}' has no value"
+        ))),
+    }
+}
+
+fn parameters(
+    map: HashMap<String, pb::InferParameter>,
+) -> Result<BTreeMap<String, ParamValue>, InferError> {
+    map.into_iter()
+        .map(|(k, v)| parameter(&k, v).map(|v| (k, v)))
+        .collect()
+}
+
+fn to_pb_parameter(value: &ParamValue) -> pb::InferParameter {
+    use pb::infer_parameter::ParameterChoice;
+    pb::InferParameter {
+        parameter_choice: Some(match value {
+            ParamValue::Bool(b) => ParameterChoice::BoolParam(*b),
+            ParamValue::Int(n) => ParameterChoice::Int64Param(*n),
+            ParamValue::Double(d) => ParameterChoice::DoubleParam(*d),
+            ParamValue::String(s) => ParameterChoice::StringParam(s.clone()),
+        }),
+    }
+}
+
+/// A `ModelInferRequest` as the request path's [`InferRequest`]. Raw contents stay the slices
+/// of the message tonic decoded.
+pub fn decode_request(message: pb::ModelInferRequest) -> Result<InferRequest, InferError> {
+    let parameters = parameters(message.parameters)?;
+    let (priority, timeout) = scheduling_parameters(&parameters)?;
+    let raw = message.raw_input_contents;
+    if !raw.is_empty() && raw.len() != message.inputs.len() {
+        return Err(InferError::invalid(format!(
+            "raw_input_contents has {} entries for {} inputs: give every input's data there or none",
+            raw.len(),
+            message.inputs.len()
+        )));
+    }
+    let mut raw = raw.into_iter();
+    let mut inputs = Vec::with_capacity(message.inputs.len());
+    for input in message.inputs {
+        inputs.push(decode_input(input, raw.next())?);
+    }
+    let outputs = message
+        .outputs
+        .into_iter()
+        .map(decode_output)
+        .collect::<Result<_, _>>()?;
+    Ok(InferRequest {
+        id: message.id,
+        inputs,
+        outputs,
+        parameters,
+        priority,
+        timeout,
+    })
+}
+
+fn decode_output(output: InferRequestedOutputTensor) -> Result<RequestedOutput, InferError> {
+    let params = parameters(output.parameters)?;
+    Ok(RequestedOutput {
+        class_count: class_count_parameter(&params)?,
+        name: output.name,
+        binary: false,
+    })
+}
+
+fn decode_input(input: InferInputTensor, raw: Option<Bytes>) -> Result<Tensor, InferError> {
+    let InferInputTensor {
+        name,
+        datatype,
+        shape,
+        contents,
+        ..
+    } = input;
+    let datatype = DataType::from_name(&datatype).ok_or_else(|| {
+        InferError::invalid(format!("input '{name}' has unknown datatype '{datatype}'"))
+    })?;
+    let data = match (raw, contents) {
+        (Some(_), Some(c)) if c != pb::InferTensorContents::default() => {
+            return Err(InferError::invalid(format!(
+                "input '{name}' has both raw_input_contents and typed contents"
+            )));
+        }
+        (Some(bytes), _) if datatype == DataType::Bytes => decode_bytes_elements(&bytes)
+            .map(TensorData::Elements)
+            .map_err(|e| InferError::invalid(format!("input '{name}': {e}")))?,
+        (Some(bytes), _) => TensorData::Raw(bytes),
+        (None, Some(contents)) => typed_contents(&name, datatype, contents)?,
+        (None, None) => {
+            return Err(InferError::invalid(format!(
+                "input '{name}' has no data (contents or raw_input_contents)"
+            )));
+        }
+    };
+    let tensor = Tensor::new(name, datatype, shape, data);
+    tensor.check_consistent().map_err(InferError::invalid)?;
+    Ok(tensor)
+}
+
+/// Typed contents as little-endian elements; a narrower datatype's values must fit it.
+fn typed_contents(
+    name: &str,
+    datatype: DataType,
+    c: pb::InferTensorContents,
+) -> Result<TensorData, InferError> {
+    fn narrow<T, U: TryFrom<T>, const N: usize>(
+        name: &str,
+        values: Vec<T>,
+        le: impl Fn(U) -> [u8; N],
+    ) -> Result<TensorData, InferError> {
+        let mut out = Vec::with_capacity(values.len() * N);
+        for v in values {
+            let v = U::try_from(v).map_err(|_| {
+                InferError::invalid(format!(
+                    "input '{name}' has a value out of range for its datatype"
+                ))
+            })?;
+            out.extend_from_slice(&le(v));
+        }
+        Ok(TensorData::Raw(Bytes::from(out)))
+    }
+    match datatype {
+        DataType::Bool => Ok(TensorData::Raw(
+            c.bool_contents.iter().map(|&b| u8::from(b)).collect(),
+        )),
+        DataType::Int8 => narrow(name, c.int_contents, i8::to_le_bytes),
+        DataType::Int16 => narrow(name, c.int_contents, i16::to_le_bytes),
+        DataType::Int32 => narrow(name, c.int_contents, i32::to_le_bytes),
+        DataType::Int64 => narrow(name, c.int64_contents, i64::to_le_bytes),
+        DataType::Uint8 => narrow(name, c.uint_contents, u8::to_le_bytes),
+        DataType::Uint16 => narrow(name, c.uint_contents, u16::to_le_bytes),
+        DataType::Uint32 => narrow(name, c.uint_contents, u32::to_le_bytes),
+        DataType::Uint64 => narrow(name, c.uint64_contents, u64::to_le_bytes),
+        DataType::Fp32 => narrow(name, c.fp32_contents, f32::to_le_bytes),
+        DataType::Fp64 => narrow(name, c.fp64_contents, f64::to_le_bytes),
+        DataType::Bytes => Ok(TensorData::Elements(c.bytes_contents)),
+        // As in Triton: FP16 has no typed field.
+        DataType::Fp16 => Err(InferError::invalid(format!(
+            "input '{name}' is FP16: send its data in raw_input_contents"
+        ))),
+    }
+}
+
+/// A response as `ModelInferResponse`, every output in `raw_output_contents` (as Triton answers
+/// and tritonclient's `as_numpy` reads).
+pub fn encode_response(
+    response: crate::infer::InferResponse,
+) -> Result<pb::ModelInferResponse, InferError> {
+    let mut outputs = Vec::with_capacity(response.outputs.len());
+    let mut raw = Vec::with_capacity(response.outputs.len());
+    for t in response.outputs {
+        raw.push(match t.data {
+            TensorData::Raw(bytes) => bytes,
+            TensorData::Elements(items) => Bytes::from(encode_bytes_elements(&items)),
+        });
+        outputs.push(InferOutputTensor {
+            name: t.name,
+            datatype: t.datatype.name().into(),
+            shape: t.shape,
+            parameters: HashMap::new(),
+            contents: None,
+        });
+    }
+    Ok(pb::ModelInferResponse {
+        model_name: response.model_name,
+        model_version: response.model_version,
+        id: response.id,
+        parameters: response
+            .parameters
+            .iter()
+            .map(|(k, v)| (k.clone(), to_pb_parameter(v)))
+            .collect(),
+        outputs,
+        raw_output_contents: raw,
+    })
+}
+
+fn duration(t: &Tally) -> Option<pb::StatisticDuration> {
+    Some(pb::StatisticDuration {
+        count: t.count,
+        ns: t.ns,
+    })
+}
+
+/// One version's statistics as Triton's `ModelStatistics`.
+fn statistics(name: &str, version: i64, s: &StatsSnapshot) -> pb::ModelStatistics {
+    pb::ModelStatistics {
+        name: name.to_owned(),
+        version: version.to_string(),
+        last_inference: s.last_inference_ms,
+        inference_count: s.inference_count,
+        execution_count: s.execution_count,
+        inference_stats: Some(pb::InferStatistics {
+            success: duration(&s.success),
+            fail: duration(&s.fail),
+            queue: duration(&s.queue),
+            compute_input: duration(&s.compute_input),
+            compute_infer: duration(&s.compute_infer),
+            compute_output: duration(&s.compute_output),
+            cache_hit: duration(&Tally::default()),
+            cache_miss: duration(&Tally::default()),
+        }),
+        batch_stats: s
+            .batch
+            .iter()
+            .map(|(size, b)| pb::InferBatchStatistics {
+                batch_size: *size as u64,
+                compute_input: duration(&b.compute_input),
+                compute_infer: duration(&b.compute_infer),
+                compute_output: duration(&b.compute_output),
+            })
+            .collect(),
+        memory_usage: Vec::new(),
+        response_stats: HashMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(name: &str, datatype: &str, shape: Vec<i64>) -> InferInputTensor {
+        InferInputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape,
+            parameters: HashMap::new(),
+            contents: None,
+        }
+    }
+
+    #[test]
+    fn typed_and_raw_contents_become_the_same_tensor() -> Result<(), InferError> {
+        let mut typed = input("X", "INT16", vec![1, 2]);
+        typed.contents = Some(pb::InferTensorContents {
+            int_contents: vec![-2, 300],
+            ..Default::default()
+        });
+        let raw: Vec<u8> = [-2i16, 300].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let a = decode_input(typed, None)?;
+        let b = decode_input(input("X", "INT16", vec![1, 2]), Some(Bytes::from(raw)))?;
+        assert_eq!(a, b);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_inputs_are_invalid_arguments() {
+        let mut out_of_range = input("X", "INT8", vec![1]);
+        out_of_range.contents = Some(pb::InferTensorContents {
+            int_contents: vec![1000],
+            ..Default::default()
+        });
+        let short = input("X", "FP32", vec![1, 4]);
+        let cases = [
+            decode_input(out_of_range, None),
+            decode_input(short, Some(Bytes::from_static(&[0; 8]))),
+            decode_input(input("X", "FP17", vec![1]), Some(Bytes::new())),
+            decode_input(input("X", "FP32", vec![1]), None),
+        ];
+        for case in cases {
+            assert_eq!(case.err().map(|e| e.kind), Some(ErrorKind::InvalidArgument));
+        }
+        let request = pb::ModelInferRequest {
+            inputs: vec![input("A", "FP32", vec![1]), input("B", "FP32", vec![1])],
+            raw_input_contents: vec![Bytes::from_static(&[0; 4])],
+            ..Default::default()
+        };
+        assert!(
+            decode_request(request).is_err(),
+            "raw contents for some inputs only"
+        );
+    }
+
+    #[test]
+    fn outputs_go_back_raw_with_bytes_length_prefixed() -> Result<(), InferError> {
+        let response = crate::infer::InferResponse {
+            outputs: vec![Tensor::new(
+                "S",
+                DataType::Bytes,
+                vec![2],
+                TensorData::Elements(vec![Bytes::from_static(b"ab"), Bytes::new()]),
+            )],
+            ..Default::default()
+        };
+        let encoded = encode_response(response)?;
+        assert_eq!(
+            encoded.raw_output_contents[0].as_ref(),
+            &[2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]
+        );
+        assert_eq!(encoded.outputs[0].datatype, "BYTES");
+        Ok(())
+    }
+}
