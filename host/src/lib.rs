@@ -21,6 +21,7 @@ pub mod protocol;
 pub mod repository;
 pub mod scheduler;
 pub mod server;
+pub mod shm;
 pub mod store;
 pub mod tenants;
 pub mod warmup;

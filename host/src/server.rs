@@ -146,6 +146,8 @@ pub struct Server {
     functions: crate::functions::Functions,
     /// Who may call, in which namespace, within which quotas.
     tenants: Arc<Tenants>,
+    /// System shared-memory regions, shared by the HTTP and gRPC front-ends.
+    shared_memory: crate::shm::SharedMemory,
     /// This server as the functions' request path.
     functions_inference: Weak<dyn Inference>,
 }
@@ -221,6 +223,7 @@ impl Server {
                 waits: WaitGraph::default(),
                 functions: crate::functions::Functions::new(function_store, tenants.clone()),
                 tenants,
+                shared_memory: crate::shm::SharedMemory::default(),
                 functions_inference: me.clone(),
             }
         });
@@ -262,6 +265,13 @@ impl Server {
     /// The tenants of this server (the admin API's).
     pub fn tenants(&self) -> &Tenants {
         &self.tenants
+    }
+
+    /// The system shared-memory regions the front-ends read inputs from and write outputs to.
+    /// The operator's only: a region's key reaches any shared-memory object of the server's
+    /// user, so with tenancy on, tenants' requests get no regions.
+    pub fn shared_memory(&self, caller: &Caller) -> Option<&crate::shm::SharedMemory> {
+        matches!(caller, Caller::Operator).then_some(&self.shared_memory)
     }
 
     /// The key a model name means in `namespace` ([`Repository::resolve`]).

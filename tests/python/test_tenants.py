@@ -175,3 +175,13 @@ def test_grpc_takes_the_same_keys(tenancy):
         assert grpc.is_server_live()  # health stays open
     finally:
         grpc.close()
+
+
+def test_shared_memory_is_the_operators(tenancy):
+    srv, _, keys = tenancy
+    body = json.dumps({"key": "/dev-shm-anything", "offset": 0, "byte_size": 64}).encode()
+    status, _, answer = srv.request("POST", "/v2/systemsharedmemory/region/r/register", body,
+                                    {**bearer(keys["acme"]), "Content-Type": "application/json"})
+    assert status == 403, answer
+    status, _, _ = srv.request("GET", "/v2/systemsharedmemory/status", None, bearer(ADMIN_KEY))
+    assert status == 200

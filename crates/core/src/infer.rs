@@ -32,6 +32,18 @@ pub struct RequestedOutput {
     pub class_count: u32,
     /// Binary tensor data extension: return this output as binary (HTTP front-end only).
     pub binary: bool,
+    /// System shared memory extension: the front-end writes this output into a registered
+    /// region instead of the response.
+    pub shared_memory: Option<SharedMemoryRef>,
+}
+
+/// A place in a registered shared-memory region (Triton's `shared_memory_region`,
+/// `shared_memory_offset` and `shared_memory_byte_size` parameters).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedMemoryRef {
+    pub region: String,
+    pub offset: usize,
+    pub byte_size: usize,
 }
 
 /// One inference request, already decoded from its wire format.

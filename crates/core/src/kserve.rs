@@ -12,7 +12,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::infer::{InferError, InferRequest, InferResponse, ParamValue, RequestedOutput};
+use crate::infer::{
+    InferError, InferRequest, InferResponse, ParamValue, RequestedOutput, SharedMemoryRef,
+};
 use crate::tensor::{Bytes, DataType, Tensor, TensorData, element_count};
 
 // Decoding never builds a generic `serde_json::Value` tree: each input's `data` is kept as the raw
@@ -132,6 +134,57 @@ pub fn scheduling_parameters(
     Ok((priority, timeout))
 }
 
+/// Where a tensor lives in shared memory, from its `shared_memory_region`,
+/// `shared_memory_byte_size` and `shared_memory_offset` parameters; None without a region.
+pub fn shared_memory_parameters(
+    params: &BTreeMap<String, ParamValue>,
+) -> Result<Option<SharedMemoryRef>, InferError> {
+    let region = match params.get("shared_memory_region") {
+        None => return Ok(None),
+        Some(ParamValue::String(name)) => name.clone(),
+        Some(_) => {
+            return Err(InferError::invalid(
+                "parameter 'shared_memory_region' must be a string",
+            ));
+        }
+    };
+    let size = |key: &str| -> Result<Option<usize>, InferError> {
+        param_u64_in(params.get(key), key)?
+            .map(|n| {
+                usize::try_from(n).map_err(|_| InferError::invalid(format!("'{key}' is too large")))
+            })
+            .transpose()
+    };
+    let byte_size = size("shared_memory_byte_size")?.ok_or_else(|| {
+        InferError::invalid(format!(
+            "shared memory region '{region}' is named without 'shared_memory_byte_size'"
+        ))
+    })?;
+    Ok(Some(SharedMemoryRef {
+        region,
+        offset: size("shared_memory_offset")?.unwrap_or(0),
+        byte_size,
+    }))
+}
+
+/// Reads inputs that live in shared memory; the server's registry of regions implements it.
+pub trait RegionReader {
+    /// The bytes at `place`, checked against the registered region.
+    fn read(&self, place: &SharedMemoryRef) -> Result<Bytes, InferError>;
+}
+
+/// A front-end without shared memory: every region is unknown.
+pub struct NoSharedMemory;
+
+impl RegionReader for NoSharedMemory {
+    fn read(&self, place: &SharedMemoryRef) -> Result<Bytes, InferError> {
+        Err(InferError::invalid(format!(
+            "Unable to find system shared memory region: '{}'",
+            place.region
+        )))
+    }
+}
+
 /// The number of classes an output asks for (its `classification` parameter, as tritonclient
 /// sends `class_count`; 0: the tensor itself).
 pub fn class_count_parameter(params: &BTreeMap<String, ParamValue>) -> Result<u32, InferError> {
@@ -171,6 +224,15 @@ pub fn decode_request(
     body: &Bytes,
     header_length: Option<usize>,
 ) -> Result<InferRequest, InferError> {
+    decode_request_with(body, header_length, &NoSharedMemory)
+}
+
+/// [`decode_request`], with inputs in shared memory read through `regions`.
+pub fn decode_request_with(
+    body: &Bytes,
+    header_length: Option<usize>,
+    regions: &dyn RegionReader,
+) -> Result<InferRequest, InferError> {
     let (json, mut binary) = match header_length {
         Some(n) if n > body.len() => {
             return Err(InferError::invalid(format!(
@@ -207,8 +269,14 @@ pub fn decode_request(
                 input.name, input.shape
             ))
         })?;
-        let data = match param_u64(input.parameters.as_ref(), "binary_data_size")? {
-            Some(size) => {
+        let in_shared_memory = match &input.parameters {
+            Some(p) => shared_memory_parameters(&p.0)?,
+            None => None,
+        };
+        let binary_size = param_u64(input.parameters.as_ref(), "binary_data_size")?;
+        let data = match (in_shared_memory, binary_size) {
+            (Some(place), _) => decode_binary(&input.name, datatype, regions.read(&place)?)?,
+            (None, Some(size)) => {
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
                 if size > binary.len() {
                     return Err(InferError::invalid(format!(
@@ -220,7 +288,7 @@ pub fn decode_request(
                 let mine = binary.split_to(size);
                 decode_binary(&input.name, datatype, mine)?
             }
-            None => {
+            (None, None) => {
                 let data = input.data.ok_or_else(|| {
                     InferError::invalid(format!(
                         "input '{}' has neither 'data' nor 'binary_data_size'",
@@ -248,6 +316,10 @@ pub fn decode_request(
             class_count: match p {
                 Some(p) => class_count_parameter(&p.0)?,
                 None => 0,
+            },
+            shared_memory: match p {
+                Some(p) => shared_memory_parameters(&p.0)?,
+                None => None,
             },
             name: output.name,
         });
@@ -570,9 +642,21 @@ fn binary_payload(tensor: &Tensor) -> Vec<u8> {
     }
 }
 
+/// Where an output of a response goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// `data` in the JSON.
+    Json,
+    /// Binary data after the JSON.
+    Binary,
+    /// Already written to a shared-memory region by the front-end: only named in the JSON.
+    SharedMemory { region: String, byte_size: usize },
+}
+
 struct OutputEntry<'a> {
     tensor: &'a Tensor,
-    binary_size: Option<usize>,
+    placement: Placement,
+    binary_size: usize,
 }
 
 impl serde::Serialize for OutputEntry<'_> {
@@ -581,12 +665,19 @@ impl serde::Serialize for OutputEntry<'_> {
         map.serialize_entry("name", &self.tensor.name)?;
         map.serialize_entry("datatype", self.tensor.datatype.name())?;
         map.serialize_entry("shape", &self.tensor.shape)?;
-        match self.binary_size {
-            Some(size) => map.serialize_entry(
+        match &self.placement {
+            Placement::Binary => map.serialize_entry(
                 "parameters",
-                &serde_json::json!({ "binary_data_size": size }),
+                &serde_json::json!({ "binary_data_size": self.binary_size }),
             )?,
-            None => map.serialize_entry("data", &JsonData(self.tensor))?,
+            Placement::SharedMemory { region, byte_size } => map.serialize_entry(
+                "parameters",
+                &serde_json::json!({
+                    "shared_memory_region": region,
+                    "shared_memory_byte_size": byte_size,
+                }),
+            )?,
+            Placement::Json => map.serialize_entry("data", &JsonData(self.tensor))?,
         }
         map.end()
     }
@@ -618,24 +709,36 @@ pub fn encode_response(
     response: &InferResponse,
     binary: impl Fn(&str) -> bool,
 ) -> Result<EncodedResponse, InferError> {
+    encode_response_placed(response, |name| {
+        if binary(name) {
+            Placement::Binary
+        } else {
+            Placement::Json
+        }
+    })
+}
+
+/// Encodes a response with each output where `placement` puts it.
+pub fn encode_response_placed(
+    response: &InferResponse,
+    placement: impl Fn(&str) -> Placement,
+) -> Result<EncodedResponse, InferError> {
     let mut payloads = Vec::new();
     let entries: Vec<OutputEntry> = response
         .outputs
         .iter()
         .map(|t| {
-            if binary(&t.name) {
+            let placement = placement(&t.name);
+            let mut binary_size = 0;
+            if placement == Placement::Binary {
                 let payload = binary_payload(t);
-                let entry = OutputEntry {
-                    tensor: t,
-                    binary_size: Some(payload.len()),
-                };
+                binary_size = payload.len();
                 payloads.push(payload);
-                entry
-            } else {
-                OutputEntry {
-                    tensor: t,
-                    binary_size: None,
-                }
+            }
+            OutputEntry {
+                tensor: t,
+                placement,
+                binary_size,
             }
         })
         .collect();

@@ -17,7 +17,8 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use crate::infer::{CallContext, ErrorKind, InferError, InferRequest, ParamValue, RequestedOutput};
 use crate::metrics::{StatsSnapshot, Tally};
 use crate::protocol::kserve::{
-    class_count_parameter, decode_bytes_elements, encode_bytes_elements, scheduling_parameters,
+    NoSharedMemory, RegionReader, class_count_parameter, decode_bytes_elements,
+    encode_bytes_elements, scheduling_parameters, shared_memory_parameters,
 };
 use crate::repository::ControlError;
 use crate::server::{LoadRequest, Server};
@@ -162,7 +163,13 @@ impl Grpc {
     ) -> Result<pb::ModelInferResponse, InferError> {
         let model = message.model_name.clone();
         let version = parse_version(&message.model_version)?;
-        let request = decode_request(message)?;
+        let shm = self.server.shared_memory(caller);
+        let regions: &dyn RegionReader = match shm {
+            Some(shm) => shm,
+            None => &NoSharedMemory,
+        };
+        let request = decode_request(message, regions)?;
+        let in_shared_memory = crate::shm::requested_outputs(&request.outputs);
         let cx = CallContext::root_for(caller.tenant());
         let request_id = cx.request_id;
         let response = self
@@ -170,7 +177,17 @@ impl Grpc {
             .infer(cx, &model, version, request)
             .await
             .map_err(|e| e.for_client(self.verbose_errors, request_id))?;
-        encode_response(response)
+        let placed = crate::shm::write_outputs(shm, &in_shared_memory, &response.outputs)?;
+        encode_response(response, &placed)
+    }
+}
+
+impl Grpc {
+    /// The shared-memory registry, for the operator only.
+    fn shared_memory(&self, caller: &Caller) -> Result<&crate::shm::SharedMemory, Status> {
+        self.server
+            .shared_memory(caller)
+            .ok_or_else(|| Status::permission_denied(crate::shm::OPERATOR_ONLY))
     }
 }
 
@@ -420,29 +437,56 @@ impl GrpcInferenceService for Grpc {
 
     async fn system_shared_memory_status(
         &self,
-        _request: Request<pb::SystemSharedMemoryStatusRequest>,
+        request: Request<pb::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
-        Err(Status::unimplemented(
-            "system shared memory is not supported yet",
-        ))
+        use pb::system_shared_memory_status_response::RegionStatus;
+        let caller = self.caller(&request)?;
+        let shm = self.shared_memory(&caller)?;
+        let name = request.into_inner().name;
+        let regions = shm
+            .status((!name.is_empty()).then_some(name.as_str()))
+            .map_err(|e| shm_status(&e))?;
+        Ok(Response::new(pb::SystemSharedMemoryStatusResponse {
+            regions: regions
+                .into_iter()
+                .map(|r| {
+                    let status = RegionStatus {
+                        name: r.name.clone(),
+                        key: r.key,
+                        offset: r.offset as u64,
+                        byte_size: r.byte_size as u64,
+                    };
+                    (r.name, status)
+                })
+                .collect(),
+        }))
     }
 
     async fn system_shared_memory_register(
         &self,
-        _request: Request<pb::SystemSharedMemoryRegisterRequest>,
+        request: Request<pb::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
-        Err(Status::unimplemented(
-            "system shared memory is not supported yet",
-        ))
+        let caller = self.caller(&request)?;
+        let shm = self.shared_memory(&caller)?;
+        let r = request.into_inner();
+        let size = |n: u64| {
+            usize::try_from(n).map_err(|_| Status::invalid_argument("offset or size too large"))
+        };
+        shm.register(&r.name, &r.key, size(r.offset)?, size(r.byte_size)?)
+            .map_err(|e| shm_status(&e))?;
+        Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
     }
 
     async fn system_shared_memory_unregister(
         &self,
-        _request: Request<pb::SystemSharedMemoryUnregisterRequest>,
+        request: Request<pb::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
-        Err(Status::unimplemented(
-            "system shared memory is not supported yet",
-        ))
+        let caller = self.caller(&request)?;
+        let shm = self.shared_memory(&caller)?;
+        let name = request.into_inner().name;
+        shm.unregister((!name.is_empty()).then_some(name.as_str()))
+            .map_err(|e| shm_status(&e))?;
+        Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(
@@ -481,6 +525,16 @@ impl GrpcInferenceService for Grpc {
             "log settings are not supported (use --log-verbose or RUST_LOG)",
         ))
     }
+}
+
+fn shm_status(e: &crate::shm::ShmError) -> Status {
+    use crate::shm::ShmError;
+    let code = match e {
+        ShmError::Exists(_) => Code::AlreadyExists,
+        ShmError::NotFound(_) => Code::NotFound,
+        ShmError::Invalid(_) => Code::InvalidArgument,
+    };
+    Status::new(code, e.to_string())
 }
 
 fn cuda_unsupported() -> Status {
@@ -524,22 +578,27 @@ fn to_pb_parameter(value: &ParamValue) -> pb::InferParameter {
 }
 
 /// A `ModelInferRequest` as the request path's [`InferRequest`]. Raw contents stay the slices
-/// of the message tonic decoded.
-pub fn decode_request(message: pb::ModelInferRequest) -> Result<InferRequest, InferError> {
+/// of the message tonic decoded; inputs in shared memory are read through `regions`.
+///
+/// `raw_input_contents` holds, in order, the data of the inputs that are neither in shared
+/// memory nor typed (as tritonclient fills it): every such input takes the next entry, and no
+/// entry may be left over.
+pub fn decode_request(
+    message: pb::ModelInferRequest,
+    regions: &dyn RegionReader,
+) -> Result<InferRequest, InferError> {
     let parameters = parameters(message.parameters)?;
     let (priority, timeout) = scheduling_parameters(&parameters)?;
-    let raw = message.raw_input_contents;
-    if !raw.is_empty() && raw.len() != message.inputs.len() {
-        return Err(InferError::invalid(format!(
-            "raw_input_contents has {} entries for {} inputs: give every input's data there or none",
-            raw.len(),
-            message.inputs.len()
-        )));
-    }
-    let mut raw = raw.into_iter();
+    let raw_count = message.raw_input_contents.len();
+    let mut raw = message.raw_input_contents.into_iter();
     let mut inputs = Vec::with_capacity(message.inputs.len());
     for input in message.inputs {
-        inputs.push(decode_input(input, raw.next())?);
+        inputs.push(decode_input(input, &mut raw, regions)?);
+    }
+    if raw.next().is_some() {
+        return Err(InferError::invalid(format!(
+            "raw_input_contents has {raw_count} entries, more than the inputs that take raw data"
+        )));
     }
     let outputs = message
         .outputs
@@ -560,38 +619,54 @@ fn decode_output(output: InferRequestedOutputTensor) -> Result<RequestedOutput, 
     let params = parameters(output.parameters)?;
     Ok(RequestedOutput {
         class_count: class_count_parameter(&params)?,
+        shared_memory: shared_memory_parameters(&params)?,
         name: output.name,
         binary: false,
     })
 }
 
-fn decode_input(input: InferInputTensor, raw: Option<Bytes>) -> Result<Tensor, InferError> {
+fn decode_input(
+    input: InferInputTensor,
+    raw: &mut impl Iterator<Item = Bytes>,
+    regions: &dyn RegionReader,
+) -> Result<Tensor, InferError> {
     let InferInputTensor {
         name,
         datatype,
         shape,
         contents,
-        ..
+        parameters: params,
     } = input;
     let datatype = DataType::from_name(&datatype).ok_or_else(|| {
         InferError::invalid(format!("input '{name}' has unknown datatype '{datatype}'"))
     })?;
-    let data = match (raw, contents) {
-        (Some(_), Some(c)) if c != pb::InferTensorContents::default() => {
+    let in_shared_memory = shared_memory_parameters(&parameters(params)?)?;
+    let typed = contents.filter(|c| *c != pb::InferTensorContents::default());
+    let raw_bytes = |bytes: Bytes| {
+        if datatype == DataType::Bytes {
+            decode_bytes_elements(&bytes)
+                .map(TensorData::Elements)
+                .map_err(|e| InferError::invalid(format!("input '{name}': {e}")))
+        } else {
+            Ok(TensorData::Raw(bytes))
+        }
+    };
+    let data = match (in_shared_memory, typed) {
+        (Some(_), Some(_)) => {
             return Err(InferError::invalid(format!(
-                "input '{name}' has both raw_input_contents and typed contents"
+                "input '{name}' has both shared memory and typed contents"
             )));
         }
-        (Some(bytes), _) if datatype == DataType::Bytes => decode_bytes_elements(&bytes)
-            .map(TensorData::Elements)
-            .map_err(|e| InferError::invalid(format!("input '{name}': {e}")))?,
-        (Some(bytes), _) => TensorData::Raw(bytes),
+        (Some(place), None) => raw_bytes(regions.read(&place)?)?,
         (None, Some(contents)) => typed_contents(&name, datatype, contents)?,
-        (None, None) => {
-            return Err(InferError::invalid(format!(
-                "input '{name}' has no data (contents or raw_input_contents)"
-            )));
-        }
+        (None, None) => match raw.next() {
+            Some(bytes) => raw_bytes(bytes)?,
+            None => {
+                return Err(InferError::invalid(format!(
+                    "input '{name}' has no data (contents, raw_input_contents or shared memory)"
+                )));
+            }
+        },
     };
     let tensor = Tensor::new(name, datatype, shape, data);
     tensor.check_consistent().map_err(InferError::invalid)?;
@@ -643,22 +718,45 @@ fn typed_contents(
 }
 
 /// A response as `ModelInferResponse`, every output in `raw_output_contents` (as Triton answers
-/// and tritonclient's `as_numpy` reads).
+/// and tritonclient's `as_numpy` reads), but those `placed` in shared memory (name, region,
+/// bytes written): these are named with their region and keep an empty raw entry, so the
+/// entries stay aligned with `outputs`.
 pub fn encode_response(
     response: crate::infer::InferResponse,
+    placed: &[(String, String, usize)],
 ) -> Result<pb::ModelInferResponse, InferError> {
+    use pb::infer_parameter::ParameterChoice;
+    let param = |choice| pb::InferParameter {
+        parameter_choice: Some(choice),
+    };
     let mut outputs = Vec::with_capacity(response.outputs.len());
     let mut raw = Vec::with_capacity(response.outputs.len());
     for t in response.outputs {
-        raw.push(match t.data {
-            TensorData::Raw(bytes) => bytes,
-            TensorData::Elements(items) => Bytes::from(encode_bytes_elements(&items)),
-        });
+        let mut parameters = HashMap::new();
+        match placed.iter().find(|(name, _, _)| *name == t.name) {
+            Some((_, region, size)) => {
+                parameters.insert(
+                    "shared_memory_region".to_owned(),
+                    param(ParameterChoice::StringParam(region.clone())),
+                );
+                parameters.insert(
+                    "shared_memory_byte_size".to_owned(),
+                    param(ParameterChoice::Int64Param(
+                        i64::try_from(*size).unwrap_or(i64::MAX),
+                    )),
+                );
+                raw.push(Bytes::new());
+            }
+            None => raw.push(match t.data {
+                TensorData::Raw(bytes) => bytes,
+                TensorData::Elements(items) => Bytes::from(encode_bytes_elements(&items)),
+            }),
+        }
         outputs.push(InferOutputTensor {
             name: t.name,
             datatype: t.datatype.name().into(),
             shape: t.shape,
-            parameters: HashMap::new(),
+            parameters,
             contents: None,
         });
     }
@@ -738,8 +836,13 @@ mod tests {
             ..Default::default()
         });
         let raw: Vec<u8> = [-2i16, 300].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let a = decode_input(typed, None)?;
-        let b = decode_input(input("X", "INT16", vec![1, 2]), Some(Bytes::from(raw)))?;
+        let none = NoSharedMemory;
+        let a = decode_input(typed, &mut std::iter::empty(), &none)?;
+        let b = decode_input(
+            input("X", "INT16", vec![1, 2]),
+            &mut std::iter::once(Bytes::from(raw)),
+            &none,
+        )?;
         assert_eq!(a, b);
         Ok(())
     }
@@ -752,23 +855,30 @@ mod tests {
             ..Default::default()
         });
         let short = input("X", "FP32", vec![1, 4]);
+        let raw = |b: &'static [u8]| std::iter::once(Bytes::from_static(b));
+        let none = NoSharedMemory;
         let cases = [
-            decode_input(out_of_range, None),
-            decode_input(short, Some(Bytes::from_static(&[0; 8]))),
-            decode_input(input("X", "FP17", vec![1]), Some(Bytes::new())),
-            decode_input(input("X", "FP32", vec![1]), None),
+            decode_input(out_of_range, &mut std::iter::empty(), &none),
+            decode_input(short, &mut raw(&[0; 8]), &none),
+            decode_input(input("X", "FP17", vec![1]), &mut raw(&[]), &none),
+            decode_input(input("X", "FP32", vec![1]), &mut std::iter::empty(), &none),
         ];
         for case in cases {
             assert_eq!(case.err().map(|e| e.kind), Some(ErrorKind::InvalidArgument));
         }
-        let request = pb::ModelInferRequest {
+        let request = |raw: usize| pb::ModelInferRequest {
             inputs: vec![input("A", "FP32", vec![1]), input("B", "FP32", vec![1])],
-            raw_input_contents: vec![Bytes::from_static(&[0; 4])],
+            raw_input_contents: vec![Bytes::from_static(&[0; 4]); raw],
             ..Default::default()
         };
+        assert!(decode_request(request(2), &none).is_ok());
         assert!(
-            decode_request(request).is_err(),
-            "raw contents for some inputs only"
+            decode_request(request(1), &none).is_err(),
+            "an input without data"
+        );
+        assert!(
+            decode_request(request(3), &none).is_err(),
+            "an entry left over"
         );
     }
 
@@ -783,7 +893,7 @@ mod tests {
             )],
             ..Default::default()
         };
-        let encoded = encode_response(response)?;
+        let encoded = encode_response(response, &[])?;
         assert_eq!(
             encoded.raw_output_contents[0].as_ref(),
             &[2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post, put};
 use serde_json::{Value, json};
 
-use super::kserve::{decode_request, encode_response};
+use super::kserve::{Placement, decode_request_with, encode_response_placed};
 use super::status_of;
 use crate::config;
 use crate::infer::{CallContext, ErrorKind, InferError, ParamValue};
@@ -29,6 +29,7 @@ pub const EXTENSIONS: &[&str] = &[
     "model_configuration",
     "statistics",
     "model_repository",
+    "system_shared_memory",
 ];
 
 #[derive(Clone)]
@@ -90,6 +91,24 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
             get(model_stats_v),
         )
         .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
+        .route("/v2/systemsharedmemory/status", get(shm_status_all))
+        .route(
+            "/v2/systemsharedmemory/region/{region}/status",
+            get(shm_status_one),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/register",
+            post(shm_register),
+        )
+        .route(
+            "/v2/systemsharedmemory/unregister",
+            post(shm_unregister_all),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/unregister",
+            post(shm_unregister_one),
+        )
+        .route("/v2/cudasharedmemory/{*rest}", any(cuda_unsupported))
         .route("/v1/tenants", get(list_tenants).post(create_tenant))
         .route(
             "/v1/tenants/{tenant}",
@@ -829,10 +848,16 @@ async fn run_infer(
             ));
         }
     };
-    let request = match decode_request(&body, header_length) {
+    let shm = s.server.shared_memory(&caller);
+    let regions: &dyn crate::protocol::kserve::RegionReader = match shm {
+        Some(shm) => shm,
+        None => &crate::protocol::kserve::NoSharedMemory,
+    };
+    let request = match decode_request_with(&body, header_length, regions) {
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
+    let in_shared_memory = crate::shm::requested_outputs(&request.outputs);
     let all_binary = matches!(
         request.parameters.get("binary_data_output"),
         Some(ParamValue::Bool(true))
@@ -848,13 +873,28 @@ async fn run_infer(
         Ok(r) => r,
         Err(e) => return error_response(&e.for_client(s.verbose_errors, request_id)),
     };
-    let binary = |name: &str| {
-        binary_outputs
+    let placed = match crate::shm::write_outputs(shm, &in_shared_memory, &response.outputs) {
+        Ok(placed) => placed,
+        Err(e) => return error_response(&e),
+    };
+    let placement = |name: &str| {
+        if let Some((_, region, size)) = placed.iter().find(|(n, _, _)| n == name) {
+            return Placement::SharedMemory {
+                region: region.clone(),
+                byte_size: *size,
+            };
+        }
+        let binary = binary_outputs
             .iter()
             .find(|(n, _)| n == name)
-            .map_or(all_binary, |(_, b)| *b)
+            .map_or(all_binary, |(_, b)| *b);
+        if binary {
+            Placement::Binary
+        } else {
+            Placement::Json
+        }
     };
-    match encode_response(&response, binary) {
+    match encode_response_placed(&response, placement) {
         Ok(encoded) => {
             let mut r = Response::new(Body::from(encoded.body));
             let content_type = match encoded.header_length {
@@ -1041,4 +1081,133 @@ async fn revoke_grant(
             .set_grant(&tenant, &model, false)
             .map(|()| json!({ "tenant": tenant, "revoked": model }))
     })
+}
+
+fn shm_error(e: &crate::shm::ShmError) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({ "error": e.to_string() })),
+    )
+        .into_response()
+}
+
+/// The registry, for the operator only (403 for a tenant).
+fn shared_memory<'s>(
+    s: &'s AppState,
+    caller: &Caller,
+) -> Result<&'s crate::shm::SharedMemory, Box<Response>> {
+    s.server.shared_memory(caller).ok_or_else(|| {
+        Box::new(
+            (
+                StatusCode::FORBIDDEN,
+                axum::Json(json!({ "error": crate::shm::OPERATOR_ONLY })),
+            )
+                .into_response(),
+        )
+    })
+}
+
+fn shm_status(s: &AppState, caller: &Caller, region: Option<&str>) -> Response {
+    let shm = match shared_memory(s, caller) {
+        Ok(shm) => shm,
+        Err(r) => return *r,
+    };
+    match shm.status(region) {
+        Ok(regions) => json_ok(Value::Array(
+            regions
+                .into_iter()
+                .map(|r| {
+                    json!({ "name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size })
+                })
+                .collect(),
+        )),
+        Err(e) => shm_error(&e),
+    }
+}
+
+/// `GET /v2/systemsharedmemory/status`.
+async fn shm_status_all(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    shm_status(&s, &caller, None)
+}
+
+/// `GET /v2/systemsharedmemory/region/{region}/status`.
+async fn shm_status_one(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(region): Path<String>,
+) -> Response {
+    shm_status(&s, &caller, Some(&region))
+}
+
+/// `POST /v2/systemsharedmemory/region/{region}/register` with `{"key", "offset", "byte_size"}`.
+async fn shm_register(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(region): Path<String>,
+    body: Bytes,
+) -> Response {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Register {
+        key: String,
+        #[serde(default)]
+        offset: usize,
+        byte_size: usize,
+    }
+    let shm = match shared_memory(&s, &caller) {
+        Ok(shm) => shm,
+        Err(r) => return *r,
+    };
+    let r: Register = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error_response(&InferError::invalid(format!(
+                "the register request must be {{\"key\", \"offset\", \"byte_size\"}}: {e}"
+            )));
+        }
+    };
+    match shm.register(&region, &r.key, r.offset, r.byte_size) {
+        Ok(()) => json_ok(json!({})),
+        Err(e) => shm_error(&e),
+    }
+}
+
+fn shm_unregister(s: &AppState, caller: &Caller, region: Option<&str>) -> Response {
+    let shm = match shared_memory(s, caller) {
+        Ok(shm) => shm,
+        Err(r) => return *r,
+    };
+    match shm.unregister(region) {
+        Ok(()) => json_ok(json!({})),
+        Err(e) => shm_error(&e),
+    }
+}
+
+/// `POST /v2/systemsharedmemory/unregister`: every region.
+async fn shm_unregister_all(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    shm_unregister(&s, &caller, None)
+}
+
+/// `POST /v2/systemsharedmemory/region/{region}/unregister`.
+async fn shm_unregister_one(
+    State(s): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(region): Path<String>,
+) -> Response {
+    shm_unregister(&s, &caller, Some(&region))
+}
+
+/// `/v2/cudasharedmemory/...`: there is no GPU support yet.
+async fn cuda_unsupported() -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({ "error": "CUDA shared memory is not supported: this server has no GPU support" })),
+    )
+        .into_response()
 }
