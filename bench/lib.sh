@@ -7,7 +7,7 @@
 #
 # Env understood by every script (see each script for its own):
 #   SKIP_BUILD (0; 1 = do not run cargo build)   TESSERA_BIN (target/release/tessera)
-#   PROTO (http; tessera serves HTTP only for now)   SHARED (../shared next to the repo)
+#   PROTO (http or grpc)   SHARED (../shared next to the repo)
 #   T_HTTP/T_GRPC/T_METRICS (18000/18001/18002)   TR_HTTP/TR_GRPC/TR_METRICS (18100/18101/18102)
 #   MEASUREMENT_MS STABILITY MAX_TRIALS (v2_load.sh)   RESULTS (bench/results/<time>-<bench>)
 # shellcheck shell=bash
@@ -125,7 +125,8 @@ start_tessera() {
     port_in_use "$p" && die "port $p is already in use (tessera's; set T_HTTP/T_GRPC/T_METRICS)"
   done
   "$TESSERA_BIN" --model-repository "$repo" --store "$RESULTS/store" \
-    --http-address 127.0.0.1 --http-port "$T_HTTP" --grpc-port "$T_GRPC" --metrics-port "$T_METRICS" \
+    --http-address 127.0.0.1 --http-port "$T_HTTP" --grpc-address 127.0.0.1 --grpc-port "$T_GRPC" \
+    --metrics-port "$T_METRICS" \
     > "$RESULTS/$logname.log" 2>&1 &
   TESSERA_PID=$!
   wait_models "$TESSERA_PID" "$T_HTTP" "$RESULTS/$logname.log" tessera "$@"

@@ -4,6 +4,7 @@
     python3 bench/report.py add_sub   SUMMARY.tsv [proto=http]
     python3 bench/report.py pipeline  SUMMARY.tsv [proto=http] [delay_us=2000]
     python3 bench/report.py batching  SUMMARY.tsv [proto=http] [delay_us=500]
+    python3 bench/report.py transports SUMMARY.tsv [model=text_orientation]
 
 Rows are grouped by (label, model, concurrency); with several repetitions the median of each
 column is shown. "~" = perf_analyzer could not stabilise in at least one repetition (3 windows
@@ -197,8 +198,29 @@ def batching(data, opts):
               f"{'-' if d is None else f'{d:+,.0f}'} | {f2(ratio(b, u, 'cpu_us'))} |")
 
 
+TRANSPORTS = [("http", "HTTP, binary tensors"), ("http-shm", "HTTP + system shared memory"),
+              ("grpc", "gRPC, raw contents"), ("grpc-shm", "gRPC + system shared memory")]
+
+
+def transports(data, opts):
+    model = opts.get("model", "text_orientation")
+    series = [(label, model, [name]) for label, name in TRANSPORTS]
+    rows_table(data, series, ["transport"], f"### tessera {model}: HTTP vs gRPC vs shared memory")
+    print("### Ratios against HTTP (same server, same model)")
+    print()
+    print("| transport | conc | infer/s | p50 | p99 | CPU µs/inf |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, name in TRANSPORTS[1:]:
+        for c in concs(data):
+            a, b = data.get((label, model, c)), data.get(("http", model, c))
+            if a is None or b is None:
+                continue
+            print(f"| {name} | {c} | {f2(ratio(a, b, 'ips'))} | {f2(ratio(a, b, 'p50'))} | "
+                  f"{f2(ratio(a, b, 'p99'))} | {f2(ratio(a, b, 'cpu_us'))} |")
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("add_sub", "pipeline", "batching"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("add_sub", "pipeline", "batching", "transports"):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     opts = dict(a.split("=", 1) for a in sys.argv[3:])
@@ -206,7 +228,8 @@ def main():
     if not data:
         print("no successful measurement in " + sys.argv[2])
         sys.exit(1)
-    {"add_sub": add_sub, "pipeline": pipeline, "batching": batching}[sys.argv[1]](data, opts)
+    {"add_sub": add_sub, "pipeline": pipeline, "batching": batching,
+     "transports": transports}[sys.argv[1]](data, opts)
 
 
 if __name__ == "__main__":

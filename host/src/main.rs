@@ -537,11 +537,15 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             serve.http_max_input_size,
             serve.verbose_errors,
         );
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc_listener);
+        // Without TCP_NODELAY on each connection, answers wait on delayed ACKs (40 ms).
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
         let grpc_stopped = until_stopped();
         Some(tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
+                // Tensors are large: grow HTTP/2 flow-control windows with the measured
+                // bandwidth instead of stalling on 64 KiB ones.
+                .http2_adaptive_window(Some(true))
                 .add_service(inference)
                 .add_service(health)
                 .serve_with_incoming_shutdown(incoming, grpc_stopped)

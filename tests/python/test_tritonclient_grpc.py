@@ -116,6 +116,12 @@ def test_infer_add_sub(grpc, batch):
     assert resp["id"] == f"grpc-{batch}"
 
 
+def test_gzip_compressed_requests(grpc):
+    a = np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32)
+    r = grpc.infer("add_sub", add_sub_inputs(a, a), compression_algorithm="gzip")
+    np.testing.assert_allclose(r.as_numpy("OUTPUT0"), a + a, rtol=1e-6)
+
+
 def test_requested_output_subset_and_version(grpc):
     a = np.ones((2, 16), np.float32)
     r = grpc.infer("add_sub", add_sub_inputs(a, a), model_version="1",
@@ -256,7 +262,7 @@ def test_bad_requests_are_invalid_arguments(grpc, case):
 
 def test_cuda_shared_memory_is_refused_clearly(grpc):
     with pytest.raises(InferenceServerException) as e:
-        grpc.get_cuda_shared_memory_status()
+        grpc.register_cuda_shared_memory("gpu", b"aGFuZGxl", 0, 64)
     assert "not supported" in e.value.message()
 
 

@@ -649,8 +649,10 @@ pub enum Placement {
     Json,
     /// Binary data after the JSON.
     Binary,
-    /// Already written to a shared-memory region by the front-end: only named in the JSON.
-    SharedMemory { region: String, byte_size: usize },
+    /// Already written to a shared-memory region by the front-end: neither data nor
+    /// parameters in the JSON (Triton's C++ client reads any output `parameters` as binary
+    /// data).
+    SharedMemory,
 }
 
 struct OutputEntry<'a> {
@@ -670,13 +672,7 @@ impl serde::Serialize for OutputEntry<'_> {
                 "parameters",
                 &serde_json::json!({ "binary_data_size": self.binary_size }),
             )?,
-            Placement::SharedMemory { region, byte_size } => map.serialize_entry(
-                "parameters",
-                &serde_json::json!({
-                    "shared_memory_region": region,
-                    "shared_memory_byte_size": byte_size,
-                }),
-            )?,
+            Placement::SharedMemory => {}
             Placement::Json => map.serialize_entry("data", &JsonData(self.tensor))?,
         }
         map.end()

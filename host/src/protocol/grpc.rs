@@ -58,9 +58,10 @@ pub fn services(
     })
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message)
-    // Compression when the client asks for it (tritonclient's `compression_algorithm`).
-    .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
-    .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+    // Compressed requests when a client sends them (tritonclient's `compression_algorithm`).
+    // Answers go uncompressed: gRPC clients advertise gzip by default, and compressing every
+    // tensor costs far more CPU than loopback or LAN bandwidth saves (33 ms for 1 MiB).
+    .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     (
         inference,
         health_pb::health_server::HealthServer::new(Health { server }),
@@ -489,11 +490,19 @@ impl GrpcInferenceService for Grpc {
         Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }
 
+    /// No CUDA regions can exist: the status is empty (clients that clean up every kind of
+    /// region, as perf_analyzer does, succeed).
     async fn cuda_shared_memory_status(
         &self,
-        _request: Request<pb::CudaSharedMemoryStatusRequest>,
+        request: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
-        Err(cuda_unsupported())
+        self.caller(&request)?;
+        match request.into_inner().name.as_str() {
+            "" => Ok(Response::new(pb::CudaSharedMemoryStatusResponse::default())),
+            name => Err(Status::not_found(format!(
+                "Unable to find CUDA shared memory region: '{name}'"
+            ))),
+        }
     }
 
     async fn cuda_shared_memory_register(
@@ -505,9 +514,15 @@ impl GrpcInferenceService for Grpc {
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _request: Request<pb::CudaSharedMemoryUnregisterRequest>,
+        request: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
-        Err(cuda_unsupported())
+        self.caller(&request)?;
+        match request.into_inner().name.as_str() {
+            "" => Ok(Response::new(pb::CudaSharedMemoryUnregisterResponse {})),
+            name => Err(Status::not_found(format!(
+                "Unable to find CUDA shared memory region: '{name}'"
+            ))),
+        }
     }
 
     async fn trace_setting(

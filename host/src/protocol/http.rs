@@ -108,6 +108,8 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
             "/v2/systemsharedmemory/region/{region}/unregister",
             post(shm_unregister_one),
         )
+        .route("/v2/cudasharedmemory/status", get(cuda_status))
+        .route("/v2/cudasharedmemory/unregister", post(cuda_unregister_all))
         .route("/v2/cudasharedmemory/{*rest}", any(cuda_unsupported))
         .route("/v1/tenants", get(list_tenants).post(create_tenant))
         .route(
@@ -878,11 +880,8 @@ async fn run_infer(
         Err(e) => return error_response(&e),
     };
     let placement = |name: &str| {
-        if let Some((_, region, size)) = placed.iter().find(|(n, _, _)| n == name) {
-            return Placement::SharedMemory {
-                region: region.clone(),
-                byte_size: *size,
-            };
+        if placed.iter().any(|(n, _, _)| n == name) {
+            return Placement::SharedMemory;
         }
         let binary = binary_outputs
             .iter()
@@ -1203,7 +1202,18 @@ async fn shm_unregister_one(
     shm_unregister(&s, &caller, Some(&region))
 }
 
-/// `/v2/cudasharedmemory/...`: there is no GPU support yet.
+/// `GET /v2/cudasharedmemory/status`: no CUDA region can exist.
+async fn cuda_status() -> Response {
+    json_ok(json!([]))
+}
+
+/// `POST /v2/cudasharedmemory/unregister`: nothing to unregister (clients that clean up every
+/// kind of region succeed).
+async fn cuda_unregister_all() -> Response {
+    json_ok(json!({}))
+}
+
+/// `/v2/cudasharedmemory/...` otherwise: there is no GPU support yet.
 async fn cuda_unsupported() -> Response {
     (
         StatusCode::BAD_REQUEST,
