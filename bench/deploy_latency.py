@@ -96,7 +96,7 @@ def main() -> None:
     server = subprocess.Popen(
         [str(binary), "--model-repository", str(repo), "--store", str(store),
          "--wasm-cache-dir", str(cache), "--http-address", "127.0.0.1",
-         "--http-port", str(port), "--metrics-port", str(free_port())],
+         "--http-port", str(port), "--metrics-port", str(free_port()), "--allow-grpc", "false"],
         stdout=subprocess.DEVNULL, stderr=open(scratch / "server.log", "wb"), env=env)
     try:
         for _ in range(300):

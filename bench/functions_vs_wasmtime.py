@@ -118,7 +118,7 @@ def ensure_tools() -> None:
 def start_tessera(binary: Path, scratch: Path, port: int, functions: Path | None) -> subprocess.Popen:
     args = [str(binary), "--model-repository", str(scratch / "repo"), "--store", str(scratch / "store"),
             "--wasm-cache-dir", str(scratch / "cache"), "--http-address", "127.0.0.1",
-            "--http-port", str(port), "--metrics-port", str(free_port()),
+            "--http-port", str(port), "--metrics-port", str(free_port()), "--allow-grpc", "false",
             "--max-inflight-requests", "100000"]
     if functions:
         args += ["--functions", str(functions)]

@@ -93,7 +93,8 @@ def start(binary: Path, scratch: Path, port: int, tenancy: bool) -> subprocess.P
     args = [str(binary), "--model-repository", str(scratch / "repo"),
             "--store", str(scratch / f"store-{tag}"), "--wasm-cache-dir", str(scratch / "cache"),
             "--http-address", "127.0.0.1", "--http-port", str(port),
-            "--metrics-port", str(free_port()), "--max-inflight-requests", "100000"]
+            "--metrics-port", str(free_port()), "--allow-grpc", "false",
+            "--max-inflight-requests", "100000"]
     if tenancy:
         key_file = scratch / "admin.key"
         key_file.write_text(ADMIN_KEY)

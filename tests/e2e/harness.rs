@@ -58,13 +58,13 @@ pub fn with_ort(cmd: &mut Command) -> &mut Command {
     }
 }
 
-/// Two distinct free ports (HTTP and metrics). Both sockets are held until both ports are known,
-/// so the OS cannot hand out the same port twice.
-pub fn free_ports() -> (u16, u16) {
+/// Three distinct free ports (HTTP, metrics, gRPC). The sockets are held until every port is
+/// known, so the OS cannot hand out the same port twice.
+pub fn free_ports() -> (u16, u16, u16) {
     let bind = || TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let (a, b) = (bind(), bind());
+    let (a, b, c) = (bind(), bind(), bind());
     let port = |l: &TcpListener| l.local_addr().expect("bound").port();
-    (port(&a), port(&b))
+    (port(&a), port(&b), port(&c))
 }
 
 pub struct TestServer {
@@ -78,7 +78,7 @@ pub struct TestServer {
 impl TestServer {
     /// Starts tessera on `repos` with extra flags, and waits until it answers.
     pub async fn start(repos: &[PathBuf], extra: &[&str], cache: &Path) -> TestServer {
-        let (port, spare_port) = free_ports();
+        let (port, spare_port, grpc_port) = free_ports();
         let log = scratch().join(format!("server-{port}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
@@ -90,7 +90,13 @@ impl TestServer {
             "127.0.0.1",
             "--http-port",
             &port.to_string(),
+            "--grpc-address",
+            "127.0.0.1",
         ]);
+        // Tests run side by side: each server has its own gRPC port too.
+        if !extra.contains(&"--grpc-port") {
+            cmd.args(["--grpc-port", &grpc_port.to_string()]);
+        }
         let metrics_port = match extra.iter().position(|a| *a == "--metrics-port") {
             Some(i) => extra
                 .get(i + 1)

@@ -156,6 +156,16 @@ fn echo_config(name: &str, offset: u32, batching: bool) -> Value {
     config
 }
 
+/// A Wasm handler's config: X -> Y, FP32 [1], with `instances` instances.
+fn handler_config(name: &str, instances: u32) -> Value {
+    json!({
+        "name": name, "backend": "wasm", "max_batch_size": 8,
+        "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
+        "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }],
+        "instance_group": [{ "count": instances, "kind": "KIND_CPU" }]
+    })
+}
+
 /// What one caller gets for a path, with `name` written as `NAME`: two names are
 /// indistinguishable when these are equal.
 async fn seen(
@@ -300,11 +310,7 @@ async fn tenants_see_only_their_own_names_on_every_path() {
     let d = beta
         .deploy(
             "caller",
-            &json!({
-                "name": "caller", "backend": "wasm", "max_batch_size": 8,
-                "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
-                "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }]
-            }),
+            &handler_config("caller", 2),
             &component("guest_unknown_model"),
         )
         .await;
@@ -489,15 +495,7 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
     )
     .await;
     let d = acme
-        .deploy(
-            "slow",
-            &json!({
-                "name": "slow", "backend": "wasm", "max_batch_size": 8,
-                "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
-                "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }]
-            }),
-            &component("slow_echo"),
-        )
+        .deploy("slow", &handler_config("slow", 2), &component("slow_echo"))
         .await;
     assert_eq!(d.status, 200, "{}", d.text);
     let slow_request = json!({ "inputs": [{ "name": "X", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }], "parameters": { "delay_ms": 1500 } });
@@ -718,16 +716,7 @@ async fn a_flooding_tenant_does_not_starve_another_on_a_shared_model() {
     let admin = Client::new(&server, ADMIN_KEY);
     // One instance, no batching: every request waits for the ones served before it.
     let d = admin
-        .deploy(
-            "slow",
-            &json!({
-                "name": "slow", "backend": "wasm", "max_batch_size": 8,
-                "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
-                "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }],
-                "instance_group": [{ "count": 1, "kind": "KIND_CPU" }]
-            }),
-            &component("slow_echo"),
-        )
+        .deploy("slow", &handler_config("slow", 1), &component("slow_echo"))
         .await;
     assert_eq!(d.status, 200, "{}", d.text);
     let noisy_key = tenant(&admin, "noisy").await;

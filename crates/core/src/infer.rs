@@ -149,6 +149,13 @@ impl InferError {
         }
     }
 
+    /// When a quota refused the call: whole seconds until a retry, rounded up, at least 1 (the
+    /// value of HTTP's `Retry-After` and gRPC's `retry-after` metadata).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after
+            .map(|wait| (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1))
+    }
+
     /// The error as `namespace` reads it: its own keys shown as the names it gave.
     pub fn present(self, namespace: Option<&str>) -> InferError {
         if namespace.is_none() {

@@ -110,11 +110,11 @@ pub fn code_of(kind: ErrorKind) -> Code {
 /// An inference error as a gRPC status; a quota's wait goes in `retry-after` metadata.
 fn status(e: &InferError) -> Status {
     let mut status = Status::new(code_of(e.kind), e.message.clone());
-    if let Some(wait) = e.retry_after {
-        let seconds = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
-        if let Ok(value) = seconds.to_string().parse() {
-            status.metadata_mut().insert("retry-after", value);
-        }
+    if let Some(value) = e
+        .retry_after_secs()
+        .and_then(|s| s.to_string().parse().ok())
+    {
+        status.metadata_mut().insert("retry-after", value);
     }
     status
 }

@@ -244,12 +244,10 @@ async fn metrics(
 fn error_response(e: &InferError) -> Response {
     let mut response =
         (status_of(e.kind), axum::Json(json!({ "error": e.message }))).into_response();
-    if let Some(wait) = e.retry_after {
-        // Whole seconds, rounded up: a client that waits that long finds room.
-        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    if let Some(seconds) = e.retry_after_secs() {
         response
             .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
 }
