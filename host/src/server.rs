@@ -175,11 +175,11 @@ impl Server {
         });
         let (store, function_store) = match &options.store_dir {
             Some(dir) => {
-                let dir = dir.clone();
+                let (dir, with_tenants) = (dir.clone(), tenants.enabled());
                 let (models, functions) = tokio::task::spawn_blocking(move || {
                     Ok::<_, crate::store::StoreError>((
-                        Store::open(&dir, "models")?,
-                        Store::open(&dir, "functions")?,
+                        Store::open(&dir, "models", with_tenants)?,
+                        Store::open(&dir, "functions", with_tenants)?,
                     ))
                 })
                 .await??;

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::infer::{InferError, SharedMemoryRef};
-use crate::protocol::kserve::RegionReader;
+use tessera_core::kserve::RegionReader;
 
 /// Why a tenant gets no regions.
 pub const OPERATOR_ONLY: &str = "system shared memory is the operator's: a region's key reaches any shared-memory object of the server's user";
@@ -270,7 +270,7 @@ pub fn write_outputs(
                 bytes.len()
             }
             TensorData::Elements(items) => {
-                let bytes = crate::protocol::kserve::encode_bytes_elements(items);
+                let bytes = tessera_core::kserve::encode_bytes_elements(items);
                 shm.write(name, place, &bytes)?;
                 bytes.len()
             }

@@ -211,7 +211,9 @@ fn now_unix() -> u64 {
 
 impl Store {
     /// Opens (creating it if needed) the store at `root`, and removes what a crash left behind.
-    pub fn open(root: &Path, area: &'static str) -> Result<Store, StoreError> {
+    /// `with_tenants`: tenants' deployments too (a server without tenancy leaves them on disk,
+    /// unloaded: nobody could call them).
+    pub fn open(root: &Path, area: &'static str, with_tenants: bool) -> Result<Store, StoreError> {
         create_private_dir(root)?;
         let models = root.join(area);
         let tmp = root.join("tmp");
@@ -229,7 +231,7 @@ impl Store {
         let mut manifests = BTreeMap::new();
         scan_area(&models, None, &mut manifests)?;
         let tenants = root.join(TENANTS_DIR);
-        if tenants.is_dir() {
+        if with_tenants && tenants.is_dir() {
             for entry in fs::read_dir(&tenants).map_err(io(&tenants))? {
                 let entry = entry.map_err(io(&tenants))?;
                 let area_dir = entry.path().join(area);
@@ -613,7 +615,7 @@ mod tests {
     #[test]
     fn deploy_publish_rollback_and_recover() {
         let root = scratch("cycle");
-        let store = Store::open(&root, "models").expect("opens");
+        let store = Store::open(&root, "models", false).expect("opens");
         let files = [(
             PathBuf::from("1/model.wasm"),
             bytes::Bytes::from_static(b"v1"),
@@ -642,7 +644,7 @@ mod tests {
         let half = store.stage("m", &[]).expect("stages");
         std::mem::forget(half);
         drop(store);
-        let store = Store::open(&root, "models").expect("reopens");
+        let store = Store::open(&root, "models", false).expect("reopens");
         assert!(!orphan_dir.exists());
         assert_eq!(
             fs::read_dir(root.join("tmp")).expect("tmp").count(),
