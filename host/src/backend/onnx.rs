@@ -618,6 +618,55 @@ fn split(
     Ok(out)
 }
 
+/// Fixed-size element types whose every bit pattern is a value, so tensor bytes convert to and
+/// from them by copying memory.
+///
+/// # Safety
+/// Implement only for plain numeric types: no padding, no invalid bit patterns.
+unsafe trait Plain: Copy {}
+// SAFETY: each is a plain number of its size with no invalid bit patterns.
+unsafe impl Plain for i8 {}
+unsafe impl Plain for i16 {}
+unsafe impl Plain for i32 {}
+unsafe impl Plain for i64 {}
+unsafe impl Plain for u8 {}
+unsafe impl Plain for u16 {}
+unsafe impl Plain for u32 {}
+unsafe impl Plain for u64 {}
+unsafe impl Plain for f32 {}
+unsafe impl Plain for f64 {}
+unsafe impl Plain for half::f16 {}
+
+/// Little-endian element bytes as values, with one copy (the bytes need not be aligned), where
+/// converting element by element cost more than the inference on large tensors.
+#[cfg(target_endian = "little")]
+fn values_of<T: Plain>(bytes: &[u8]) -> Vec<T> {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let mut values = Vec::<T>::with_capacity(n);
+    // SAFETY: copies exactly n * size_of::<T>() bytes into the allocation of capacity n; every
+    // bit pattern is a valid T (`Plain`), and memory order is little-endian like the bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            values.as_mut_ptr().cast::<u8>(),
+            n * std::mem::size_of::<T>(),
+        );
+        values.set_len(n);
+    }
+    values
+}
+
+/// Values as little-endian element bytes, with one copy.
+#[cfg(target_endian = "little")]
+fn bytes_of<T: Plain>(values: &[T]) -> bytes::Bytes {
+    // SAFETY: a `Plain` slice has no padding, so its memory is exactly its elements'
+    // little-endian bytes; the view lives only for this copy.
+    let view = unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    };
+    bytes::Bytes::copy_from_slice(view)
+}
+
 macro_rules! numeric_types {
     ($m:ident) => {
         $m! {
@@ -638,6 +687,9 @@ fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
         ($($dt:ident => $t:ty),*) => {
             match (&tensor.data, tensor.datatype) {
                 $((TensorData::Raw(b), DataType::$dt) => {
+                    #[cfg(target_endian = "little")]
+                    let values: Vec<$t> = values_of(b);
+                    #[cfg(not(target_endian = "little"))]
                     let values: Vec<$t> = b
                         .chunks_exact(std::mem::size_of::<$t>())
                         .map(|c| <$t>::from_le_bytes(c.try_into().unwrap_or_default()))
@@ -678,8 +730,11 @@ fn from_ort(name: &str, value: &DynValue) -> Result<Tensor, InferError> {
             match *ty {
                 $(t if datatype_of(t) == Some(DataType::$dt) => {
                     let (shape, data) = value.try_extract_tensor::<$t>().map_err(err)?;
-                    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    Ok(Tensor::new(name, DataType::$dt, shape.to_vec(), TensorData::Raw(bytes.into())))
+                    #[cfg(target_endian = "little")]
+                    let bytes = bytes_of(data);
+                    #[cfg(not(target_endian = "little"))]
+                    let bytes: bytes::Bytes = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    Ok(Tensor::new(name, DataType::$dt, shape.to_vec(), TensorData::Raw(bytes)))
                 })*
                 TensorElementType::Bool => {
                     let (shape, data) = value.try_extract_tensor::<bool>().map_err(err)?;
@@ -709,6 +764,22 @@ mod tests {
         let parts = split(merged, &[1, 2], true, None).expect("splits");
         assert_eq!(parts[0], a);
         assert_eq!(parts[1], b);
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn element_bytes_convert_by_copy_even_unaligned() {
+        let raw: Vec<u8> = [1.5f32, -2.0, 3.25]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let mut shifted = vec![0u8];
+        shifted.extend(&raw);
+        let values: Vec<f32> = values_of(&shifted[1..]);
+        assert_eq!(values, vec![1.5, -2.0, 3.25]);
+        assert_eq!(bytes_of(&values).as_ref(), raw.as_slice());
+        let ints: Vec<i16> = values_of(&[1, 0, 0xff, 0xff]);
+        assert_eq!(ints, vec![1, -1]);
     }
 
     #[test]
