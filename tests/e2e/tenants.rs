@@ -597,6 +597,23 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
     assert_eq!(info["quotas"]["max_wasm_time_ms"], 250, "{info}");
     assert_eq!(info["keys"].as_array().map(Vec::len), Some(1), "{info}");
     server.stop();
+
+    // Without the admin key, the same store serves the operator only: tenants' deployments stay
+    // on disk, unloaded, and come back with tenancy.
+    let open = TestServer::start(
+        std::slice::from_ref(&repo),
+        &["--store", store.to_str().expect("utf-8")],
+        &shared_cache(),
+    )
+    .await;
+    let (_, index) = open.post_json("/v2/repository/index", &json!({})).await;
+    assert_eq!(index, json!([]), "no tenant model is loaded or listed");
+    assert!(!open.log_text().contains("acme/echo"), "not even loaded");
+    open.stop();
+    let server = start(std::slice::from_ref(&repo), &store, &[]).await;
+    let a = Client::new(&server, &key).infer("echo", 1.0).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    server.stop();
 }
 
 #[tokio::test]
