@@ -13,6 +13,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod device;
 pub mod functions;
 pub mod limits;
 pub mod metrics;

@@ -151,7 +151,17 @@ struct RepositoryArgs {
     rate_limit: String,
     /// A rate-limiter resource total, `NAME:COUNT[:DEVICE]`; repeatable.
     #[arg(long, value_parser = tessera::scheduler::rate_limit::parse_resource)]
-    rate_limit_resource: Vec<(String, u64)>,
+    rate_limit_resource: Vec<tessera::scheduler::rate_limit::ResourceLimit>,
+    /// The CUDA devices the server may use: `all`, `none`, or ids like `0,1` (counted after
+    /// `CUDA_VISIBLE_DEVICES`, which the driver applies first).
+    #[arg(long, default_value = "all", env = "TESSERA_GPUS")]
+    gpus: tessera::device::GpuSelection,
+    /// GPUs below this compute capability are not used (Triton's flag and default).
+    #[arg(long, default_value_t = 7.5)]
+    min_supported_compute_capability: f64,
+    /// GPU metrics (`nv_gpu_*`, through NVML) on `/metrics`.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    allow_gpu_metrics: bool,
     /// Log detail: 0 = info, 1 = debug, 2 and more = trace. `RUST_LOG` overrides.
     #[arg(long, default_value_t = 0)]
     log_verbose: u8,
@@ -286,6 +296,11 @@ fn server_options(
         wasm_cache_dir: args.wasm_cache_dir.clone().or_else(default_cache_dir),
         rate_limit: args.rate_limit == "execution_count",
         rate_limit_resources: args.rate_limit_resource.clone(),
+        gpu_metrics: args.allow_gpu_metrics,
+        devices: tessera::device::DeviceOptions {
+            selection: args.gpus.clone(),
+            min_compute_capability: args.min_supported_compute_capability,
+        },
         limits: limits.clone(),
         ..Default::default()
     }

@@ -27,10 +27,11 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::{self, Backends, LoadContext};
 use crate::config::{self, BackendKind, ModelConfig, model_file, pb};
+use crate::device::placement::InstanceSlot;
 use crate::infer::{BoxFuture, InferError, Inference};
 use crate::metrics::ModelStats;
 use crate::model::ModelVersion;
-use crate::scheduler::rate_limit::{RateLimiter, Requirement, Share};
+use crate::scheduler::rate_limit::{RateLimiter, Requirement, Resource, Share};
 use crate::scheduler::{BatchPolicy, Executor, Scheduler};
 use crate::store::{Store, check_key};
 
@@ -1320,42 +1321,44 @@ fn read_labels(
     Ok(labels)
 }
 
-/// Pairs instances with the rate-limiter resources and priority of their instance group
-/// (instances are created group by group, `count` each).
+/// Pairs instances with the rate-limiter resources and priority of their instance group, on the
+/// device of their slot (global resources on none).
 fn executors(
     config: &ModelConfig,
-    instances: Vec<Box<dyn crate::backend::ModelInstance>>,
+    instances: Vec<(InstanceSlot, Box<dyn crate::backend::ModelInstance>)>,
     limiter: &RateLimiter,
 ) -> Result<Vec<Executor>, backend::LoadError> {
-    let mut shares: Vec<Share> = Vec::new();
-    for group in &config.instance_group {
-        let need: Requirement = group
-            .rate_limiter
-            .as_ref()
+    let mut executors = Vec::with_capacity(instances.len());
+    for (slot, instance) in instances {
+        let limits = config
+            .instance_group
+            .get(slot.group)
+            .and_then(|g| g.rate_limiter.as_ref());
+        let need: Requirement = limits
             .map(|r| {
                 r.resources
                     .iter()
-                    .map(|res| (res.name.clone(), res.count))
+                    .map(|res| {
+                        let resource = if res.global {
+                            Resource::global(&res.name)
+                        } else {
+                            Resource::on_device(&res.name, slot.resource_device())
+                        };
+                        (resource, res.count)
+                    })
                     .collect()
             })
             .unwrap_or_default();
         limiter
             .register(&need)
             .map_err(backend::LoadError::invalid)?;
-        let priority = group.rate_limiter.as_ref().map_or(0, |r| r.priority);
-        shares.extend(std::iter::repeat_n(
-            Share::new(need, priority),
-            usize::try_from(group.count.max(1)).unwrap_or(1),
-        ));
-    }
-    Ok(instances
-        .into_iter()
-        .enumerate()
-        .map(|(i, instance)| Executor {
+        let priority = limits.map_or(0, |r| r.priority);
+        executors.push(Executor {
             instance,
-            share: shares.get(i).cloned().unwrap_or_default(),
-        })
-        .collect())
+            share: Share::new(need, priority),
+        });
+    }
+    Ok(executors)
 }
 
 impl Repository {
@@ -1371,6 +1374,20 @@ impl Repository {
         let Some(config) = entry.config.clone() else {
             return entry;
         };
+        // Where the instances go depends on this server's GPUs; the placed configuration is the
+        // one the model serves with and reports.
+        let config = match self.backends.place(kind, &config) {
+            Ok(placed) => Arc::new(placed),
+            Err(e) => {
+                tracing::error!(model = name, "UNAVAILABLE: {e}");
+                for status in entry.versions.values_mut() {
+                    status.state = ModelState::Unavailable;
+                    status.reason = e.to_string();
+                }
+                return entry;
+            }
+        };
+        entry.config = Some(config.clone());
         let limiter = &self.limiter;
         let (labels_config, labels_dir) = (config.clone(), entry.path.clone());
         let labels =
@@ -1408,6 +1425,8 @@ impl Repository {
                 config: config.clone(),
                 model_dir: entry.path.clone(),
                 version_dir: entry.path.join(version.to_string()),
+                instances: crate::device::placement::slots(&config),
+                devices: self.backends.devices().clone(),
                 inference: self.inference.clone(),
             };
             let loaded = self

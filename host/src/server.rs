@@ -14,6 +14,7 @@ use crate::backend::ensemble::EnsembleBackend;
 use crate::backend::onnx::OnnxBackend;
 use crate::backend::wasm::{WasmBackend, WasmRuntime};
 use crate::config::{BackendKind, ModelConfig};
+use crate::device::Devices;
 use crate::infer::{
     BoxFuture, CallContext, ErrorKind, InferError, InferRequest, InferResult, Inference,
 };
@@ -70,7 +71,11 @@ pub struct ServerOptions {
     /// `--rate-limit=execution_count`.
     pub rate_limit: bool,
     /// `--rate-limit-resource NAME:COUNT[:DEVICE]`, parsed.
-    pub rate_limit_resources: Vec<(String, u64)>,
+    pub rate_limit_resources: Vec<crate::scheduler::rate_limit::ResourceLimit>,
+    /// `--gpus`, `--min-supported-compute-capability`.
+    pub devices: crate::device::DeviceOptions,
+    /// `--allow-gpu-metrics`: the `nv_gpu_*` families on `/metrics` (through NVML).
+    pub gpu_metrics: bool,
     pub limits: ServerLimits,
     pub control_mode: ControlMode,
     /// Repository models loaded at start (`--load-model`; every model outside explicit mode).
@@ -148,6 +153,8 @@ pub struct Server {
     tenants: Arc<Tenants>,
     /// System shared-memory regions, shared by the HTTP and gRPC front-ends.
     shared_memory: crate::shm::SharedMemory,
+    /// NVML readings for `/metrics`, when the server uses GPUs and NVML loads.
+    gpu_metrics: Option<crate::device::nvml::GpuMetrics>,
     /// This server as the functions' request path.
     functions_inference: Weak<dyn Inference>,
 }
@@ -195,7 +202,27 @@ impl Server {
             options.rate_limit,
             &options.rate_limit_resources,
         ));
-        let backends = Backends::default()
+        let device_options = options.devices.clone();
+        let devices = Arc::new(
+            tokio::task::spawn_blocking(move || Devices::discover(&device_options)).await?,
+        );
+        match devices.unavailable() {
+            Some(reason) => tracing::info!("no GPU in use: {reason}"),
+            None => {
+                for line in devices.describe() {
+                    tracing::info!(
+                        driver = devices.driver_version().as_deref().unwrap_or("?"),
+                        "{line}"
+                    );
+                }
+            }
+        }
+        let gpu_metrics = if options.gpu_metrics {
+            crate::device::nvml::GpuMetrics::start(&devices)
+        } else {
+            None
+        };
+        let backends = Backends::new(devices.clone())
             .with(BackendKind::Onnx, Arc::new(OnnxBackend))
             .with(BackendKind::Wasm, Arc::new(WasmBackend(wasm.clone())))
             .with(
@@ -225,6 +252,7 @@ impl Server {
                 tenants,
                 shared_memory: crate::shm::SharedMemory::default(),
                 functions_inference: me.clone(),
+                gpu_metrics,
             }
         });
         let startup = match (&server.options.startup_models, server.options.control_mode) {
@@ -802,6 +830,9 @@ impl Server {
         let mut text = crate::metrics::render_prometheus(&models, &self.wasm.counters.families());
         self.functions.render_metrics(&mut text);
         self.tenants.render_metrics(&mut text);
+        if let Some(gpus) = &self.gpu_metrics {
+            gpus.render(&mut text);
+        }
         text
     }
 

@@ -78,6 +78,16 @@ pub struct TestServer {
 impl TestServer {
     /// Starts tessera on `repos` with extra flags, and waits until it answers.
     pub async fn start(repos: &[PathBuf], extra: &[&str], cache: &Path) -> TestServer {
+        Self::start_with_env(repos, extra, cache, &[]).await
+    }
+
+    /// [`TestServer::start`] with extra environment variables for the server.
+    pub async fn start_with_env(
+        repos: &[PathBuf],
+        extra: &[&str],
+        cache: &Path,
+        env: &[(&str, &str)],
+    ) -> TestServer {
         let (port, spare_port, grpc_port) = free_ports();
         let log = scratch().join(format!("server-{port}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
@@ -117,6 +127,7 @@ impl TestServer {
             .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file);
         let child = cmd.spawn().expect("tessera starts");

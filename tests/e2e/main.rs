@@ -3,6 +3,7 @@
 
 mod deployment;
 mod functions;
+mod gpu;
 mod harness;
 mod hostile_requests;
 mod http_protocol;

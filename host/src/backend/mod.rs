@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 use crate::config::{BackendKind, ModelConfig};
+use crate::device::Devices;
+use crate::device::placement::{self, InstanceSlot, PlacementError};
 use crate::infer::{BoxFuture, Call, InferResult, Inference};
 use crate::metrics::ExecutionTiming;
 
@@ -43,33 +45,91 @@ pub trait ModelInstance: Send + 'static {
 
 /// A kind of backend: creates the instances of a model version.
 pub trait Backend: Send + Sync + 'static {
+    /// Creates one instance for each of `ctx.instances`, in that order.
     fn load<'a>(
         &'a self,
         ctx: &'a LoadContext,
     ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>>;
+
+    /// Whether this backend executes models on a GPU when one is usable; decides where
+    /// `KIND_AUTO` instances go. A backend that does not may still accept `KIND_GPU` groups (a
+    /// Wasm handler's instances then count on that GPU, like Triton's Python backend's).
+    fn executes_on_gpu(&self) -> bool {
+        false
+    }
 }
 
-/// The backends a server offers, by kind; owned by the server and handed to the repository.
+/// The backends a server offers, by kind, and the GPUs they may place instances on; owned by the
+/// server and handed to the repository.
 #[derive(Default)]
-pub struct Backends(HashMap<BackendKind, Arc<dyn Backend>>);
+pub struct Backends {
+    kinds: HashMap<BackendKind, Arc<dyn Backend>>,
+    devices: Arc<Devices>,
+}
 
 impl Backends {
+    pub fn new(devices: Arc<Devices>) -> Backends {
+        Backends {
+            kinds: HashMap::new(),
+            devices,
+        }
+    }
+
     pub fn with(mut self, kind: BackendKind, backend: Arc<dyn Backend>) -> Backends {
-        self.0.insert(kind, backend);
+        self.kinds.insert(kind, backend);
         self
     }
 
-    /// Creates the instances of a model version with the backend its configuration names.
+    pub fn devices(&self) -> &Arc<Devices> {
+        &self.devices
+    }
+
+    fn backend(&self, kind: BackendKind) -> Result<&Arc<dyn Backend>, LoadError> {
+        self.kinds
+            .get(&kind)
+            .ok_or_else(|| LoadError::unsupported(format!("this server has no {kind:?} backend")))
+    }
+
+    /// The configuration with its instance groups placed on this server's devices
+    /// ([`placement::normalize`]): what the model loads with and what its config endpoint shows.
+    pub fn place(&self, kind: BackendKind, config: &ModelConfig) -> Result<ModelConfig, LoadError> {
+        let mut placed = config.clone();
+        if kind == BackendKind::Ensemble {
+            return Ok(placed); // an ensemble has no instances of its own
+        }
+        let uses_gpu = self.backend(kind)?.executes_on_gpu();
+        placement::normalize(&mut placed, &self.devices, uses_gpu).map_err(|e| match e {
+            PlacementError::Invalid(m) => LoadError::Invalid(m),
+            PlacementError::NoGpu(m) | PlacementError::Unsupported(m) => LoadError::Unsupported(m),
+        })?;
+        Ok(placed)
+    }
+
+    /// Creates the instances of a model version (its configuration placed by [`Backends::place`])
+    /// with the backend its configuration names, each paired with its slot.
     pub async fn load_instances(
         &self,
         kind: BackendKind,
         ctx: &LoadContext,
-    ) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
-        check_instance_groups(&ctx.config)?;
-        let backend = self.0.get(&kind).ok_or_else(|| {
-            LoadError::unsupported(format!("this server has no {kind:?} backend"))
-        })?;
-        backend.load(ctx).await
+    ) -> Result<Vec<(InstanceSlot, Box<dyn ModelInstance>)>, LoadError> {
+        let instances = self.backend(kind)?.load(ctx).await?;
+        if kind == BackendKind::Ensemble {
+            // Its one instance schedules steps on other models; it runs nowhere in particular.
+            let slot = InstanceSlot {
+                group: usize::MAX,
+                name: ctx.name.clone(),
+                gpu: None,
+            };
+            return Ok(instances.into_iter().map(|i| (slot.clone(), i)).collect());
+        }
+        if instances.len() != ctx.instances.len() {
+            return Err(LoadError::runtime(format!(
+                "the backend created {} instances for {} slots",
+                instances.len(),
+                ctx.instances.len()
+            )));
+        }
+        Ok(ctx.instances.iter().cloned().zip(instances).collect())
     }
 }
 
@@ -80,6 +140,10 @@ pub struct LoadContext {
     pub config: Arc<ModelConfig>,
     pub model_dir: PathBuf,
     pub version_dir: PathBuf,
+    /// The instances to create and where each runs ([`placement::slots`] of `config`).
+    pub instances: Vec<InstanceSlot>,
+    /// The GPUs instances may be placed on.
+    pub devices: Arc<Devices>,
     /// The request path, for backends that call other models (Wasm BLS, ensembles).
     pub inference: Weak<dyn Inference>,
 }
@@ -119,39 +183,4 @@ impl LoadError {
     pub fn initialize(message: impl Into<String>) -> Self {
         LoadError::Initialize(message.into())
     }
-}
-
-/// The number of instances the configuration asks for: the sum of the CPU instance groups
-/// (at least one). GPU groups are refused by [`check_instance_groups`] before we get here.
-pub fn instance_count(config: &ModelConfig) -> usize {
-    let total: i32 = config.instance_group.iter().map(|g| g.count.max(1)).sum();
-    usize::try_from(total).unwrap_or(1).max(1)
-}
-
-/// Refuses instance kinds this build cannot serve, with a clear reason.
-pub fn check_instance_groups(config: &ModelConfig) -> Result<(), LoadError> {
-    use crate::config::pb::model_instance_group::Kind;
-    for group in &config.instance_group {
-        match Kind::try_from(group.kind) {
-            Ok(Kind::Cpu | Kind::Auto) => {}
-            Ok(Kind::Gpu) => {
-                return Err(LoadError::unsupported(
-                    "instance_group kind KIND_GPU is not available: this tessera build has no GPU backend (use KIND_CPU)",
-                ));
-            }
-            Ok(kind) => {
-                return Err(LoadError::unsupported(format!(
-                    "instance_group kind {} is not supported",
-                    kind.as_str_name()
-                )));
-            }
-            Err(_) => {
-                return Err(LoadError::unsupported(format!(
-                    "unknown instance_group kind {}",
-                    group.kind
-                )));
-            }
-        }
-    }
-    Ok(())
 }

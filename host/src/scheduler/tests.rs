@@ -82,7 +82,10 @@ fn fixture(
     let config = config::parse(config_text, "test").expect("config");
     let record = Arc::new(Record::default());
     let epoch = Instant::now();
-    let need: Vec<(String, u32)> = need.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect();
+    let need: super::rate_limit::Requirement = need
+        .iter()
+        .map(|(n, c)| (super::rate_limit::Resource::on_device(*n, 0), *c))
+        .collect();
     limiter.register(&need).expect("resources");
     let executors = (0..instances)
         .map(|_| Executor {
@@ -380,7 +383,18 @@ async fn instances_sharing_a_resource_never_run_at_once() {
         }
         f.record.most_running.load(Ordering::SeqCst)
     };
-    assert_eq!(work(RateLimiter::new(true, &[("R".into(), 1)])).await, 1);
+    assert_eq!(
+        work(RateLimiter::new(
+            true,
+            &[super::rate_limit::ResourceLimit {
+                name: "R".into(),
+                count: 1,
+                device: None
+            }]
+        ))
+        .await,
+        1
+    );
     // The same two instances without the limiter run side by side.
     assert_eq!(work(no_limits()).await, 2);
 }

@@ -268,7 +268,9 @@ impl Backend for WasmBackend {
             .await
             .map_err(|e| LoadError::runtime(format!("compiling the component failed: {e}")))??;
             let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
-            for _ in 0..super::instance_count(&ctx.config) {
+            // A slot on a GPU still runs here, on the CPU: the guest has no device access, and the
+            // device only counts for placement and rate-limiter resources.
+            for _ in &ctx.instances {
                 let live = pre.instantiate().await.map_err(LoadError::initialize)?;
                 instances.push(Box::new(WasmInstance::new(pre.clone(), live)));
             }

@@ -1,15 +1,15 @@
-//! ONNX models on the CPU through ONNX Runtime (the `ort` crate, loaded dynamically).
+//! ONNX models through ONNX Runtime (the `ort` crate, loaded dynamically), on the CPU or on a GPU.
 //!
 //! Serves `platform: "onnxruntime_onnx"` / `backend: "onnxruntime"`. The shared library comes from
-//! the `onnxruntime` PyPI wheel and is found through `--onnxruntime-library` or `ORT_DYLIB_PATH`;
-//! without it ONNX models are UNAVAILABLE with instructions, and everything else serves.
+//! the `onnxruntime` PyPI wheel (`onnxruntime-gpu` for GPUs) and is found through
+//! `--onnxruntime-library` or `ORT_DYLIB_PATH`; without it ONNX models are UNAVAILABLE with
+//! instructions, and everything else serves.
 //!
-//! Each instance is one session on its own thread. A batch is executed as one ONNX Runtime run:
-//! the requests' inputs are concatenated along the batch dimension, and each output is split
-//! back by the requests' row counts.
-//!
-//! Datatypes: every KServe datatype but FP16 (which needs ONNX Runtime's half-precision tensors,
-//! not wired up yet: an FP16 input is refused with a 400).
+//! Each instance is one session on its own thread, placed on the CPU or a GPU by its instance
+//! group ([`crate::device::placement`]); a GPU instance's session has the execution providers of
+//! [`providers`] and its inputs go through pinned buffers ([`gpu`]). A batch is executed as one
+//! ONNX Runtime run: the requests' inputs are concatenated along the batch dimension, and each
+//! output is split back by the requests' row counts.
 //!
 //! Per-model `parameters` (Triton's onnxruntime backend names):
 //! - `intra_op_thread_count` — threads one execution may use. Default 1: instances, HTTP workers
@@ -26,9 +26,23 @@ use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 
 use super::{Backend, Executed, LoadContext, LoadError, ModelInstance};
 use crate::config::{ModelConfig, ModelSignature, TensorSignature, model_file, string_parameter};
+use crate::device::placement::InstanceSlot;
 use crate::infer::{BoxFuture, Call, InferError, InferRequest, InferResponse, InferResult};
 use crate::metrics::ExecutionTiming;
 use crate::tensor::{DataType, Tensor, TensorData};
+
+macro_rules! numeric_types {
+    ($m:ident) => {
+        $m! {
+            Fp16 => half::f16, Fp32 => f32, Fp64 => f64,
+            Int8 => i8, Int16 => i16, Int32 => i32, Int64 => i64,
+            Uint8 => u8, Uint16 => u16, Uint32 => u32, Uint64 => u64
+        }
+    };
+}
+
+pub mod gpu;
+pub mod providers;
 
 /// The ONNX Runtime release the project pins (see `scripts/setup-python.sh`).
 pub const PINNED_VERSION: &str = "1.31.1";
@@ -95,7 +109,12 @@ fn thread_parameter(config: &ModelConfig, key: &str) -> Result<usize, LoadError>
     }
 }
 
-fn open_session(path: &Path, intra: usize, inter: usize) -> Result<Session, LoadError> {
+/// A session builder with the thread settings every instance uses.
+fn session_builder(
+    path: &Path,
+    intra: usize,
+    inter: usize,
+) -> Result<ort::session::builder::SessionBuilder, LoadError> {
     if !path.exists() {
         return Err(LoadError::invalid(format!(
             "model file {} not found",
@@ -109,9 +128,16 @@ fn open_session(path: &Path, intra: usize, inter: usize) -> Result<Session, Load
         .with_intra_threads(intra)
         .map_err(|e| fail(e.to_string()))?
         .with_inter_threads(inter)
-        .map_err(|e| fail(e.to_string()))?
-        .commit_from_file(path)
         .map_err(|e| fail(e.to_string()))
+}
+
+/// A session on the CPU.
+fn open_session(path: &Path, intra: usize, inter: usize) -> Result<Session, LoadError> {
+    session_builder(path, intra, inter)?
+        .commit_from_file(path)
+        .map_err(|e| {
+            LoadError::runtime(format!("ONNX Runtime cannot load {}: {e}", path.display()))
+        })
 }
 
 fn datatype_of(ty: TensorElementType) -> Option<DataType> {
@@ -197,16 +223,23 @@ struct Job {
 }
 
 impl OnnxInstance {
-    fn start(mut session: Session, plan: Arc<Plan>, name: String) -> Result<Self, LoadError> {
+    fn start(
+        session: Session,
+        mut gpu: Option<gpu::GpuResources>,
+        plan: Arc<Plan>,
+        name: String,
+    ) -> Result<Self, LoadError> {
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name(name)
             .spawn(move || {
+                // Declared after `gpu` so it is dropped first: it runs on the GPU's stream.
+                let mut session = session;
                 // Ends when the instance is dropped (the model is unloaded).
                 while let Ok(job) = inbox.recv() {
                     let n = job.batch.len();
                     let executed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run(&mut session, &plan, &job.batch)
+                        run(&mut session, gpu.as_mut(), &plan, &job.batch)
                     }))
                     .unwrap_or_else(|_| {
                         failed(
@@ -231,18 +264,26 @@ impl Backend for OnnxBackend {
         &'a self,
         ctx: &'a LoadContext,
     ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>> {
-        let (name, config, version_dir) = (
+        let (name, config, version_dir, slots, devices) = (
             ctx.name.clone(),
             ctx.config.clone(),
             ctx.version_dir.clone(),
+            ctx.instances.clone(),
+            ctx.devices.clone(),
         );
         // Opening sessions reads and optimizes the model: seconds of blocking work, kept off the
         // async workers so loading never stalls requests to other models.
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || load(&name, &config, &version_dir))
-                .await
-                .map_err(|e| LoadError::runtime(format!("loading the ONNX model failed: {e}")))?
+            tokio::task::spawn_blocking(move || {
+                load(&name, &config, &version_dir, &slots, &devices)
+            })
+            .await
+            .map_err(|e| LoadError::runtime(format!("loading the ONNX model failed: {e}")))?
         })
+    }
+
+    fn executes_on_gpu(&self) -> bool {
+        runtime().is_ok() && gpu::cuda_available()
     }
 }
 
@@ -306,8 +347,12 @@ fn load(
     model: &str,
     config: &ModelConfig,
     version_dir: &Path,
+    slots: &[InstanceSlot],
+    devices: &crate::device::Devices,
 ) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
     runtime()?;
+    // Checked for every model, so a mistyped accelerator fails on a CPU-only machine too.
+    let gpu_providers = providers::gpu_providers(config)?;
     let path = model_file(config, version_dir, "model.onnx");
     let intra = thread_parameter(config, "intra_op_thread_count")?;
     let inter = thread_parameter(config, "inter_op_thread_count")?;
@@ -327,13 +372,27 @@ fn load(
             .map(|o| (o.name.clone(), o.reshape.as_ref().map(|_| o.dims.clone())))
             .collect(),
     });
-    let count = super::instance_count(config);
-    let mut sessions = Vec::with_capacity(count);
-    for _ in 0..count {
-        sessions.push(open_session(&path, intra, inter)?);
+    let mut sessions = Vec::with_capacity(slots.len());
+    for slot in slots {
+        sessions.push(match slot.gpu {
+            None => (open_session(&path, intra, inter)?, None),
+            Some(id) => {
+                let device = devices.get(id).ok_or_else(|| {
+                    LoadError::unsupported(format!("instance {} names GPU {id}, which this server does not use", slot.name))
+                })?;
+                let builder = session_builder(&path, intra, inter)?;
+                let (session, resources) =
+                    gpu::open_session(builder, &path, &gpu_providers, device, config.input.len())?;
+                tracing::info!(model, instance = %slot.name, gpu = id, "ONNX Runtime session on the GPU");
+                (session, Some(resources))
+            }
+        });
     }
     // The first instance's session tells what the file declares; no session just for that.
-    let declared = signature_of(&sessions[0])?;
+    let Some((first, _)) = sessions.first() else {
+        return Err(LoadError::invalid("the configuration places no instance"));
+    };
+    let declared = signature_of(first)?;
     let batched = config.max_batch_size > 0;
     for input in &config.input {
         check_declared(
@@ -360,9 +419,14 @@ fn load(
         )?;
     }
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::new();
-    for (i, session) in sessions.into_iter().enumerate() {
+    for (i, (session, gpu)) in sessions.into_iter().enumerate() {
         let name = format!("onnx-{model}-{i}");
-        instances.push(Box::new(OnnxInstance::start(session, plan.clone(), name)?));
+        instances.push(Box::new(OnnxInstance::start(
+            session,
+            gpu,
+            plan.clone(),
+            name,
+        )?));
     }
     Ok(instances)
 }
@@ -397,8 +461,13 @@ fn failed(n: usize, error: InferError, timing: ExecutionTiming) -> Executed {
     }
 }
 
-/// Runs one batch: concatenate, run, split.
-fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
+/// Runs one batch: concatenate (on a GPU instance, into its pinned buffers), run, split.
+fn run(
+    session: &mut Session,
+    mut gpu: Option<&mut gpu::GpuResources>,
+    plan: &Plan,
+    batch: &[InferRequest],
+) -> Executed {
     let t0 = Instant::now();
     let rows: Vec<usize> = batch
         .iter()
@@ -414,18 +483,46 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
         })
         .collect();
     let total_rows: usize = rows.iter().sum();
-    let mut inputs: Vec<(String, DynValue)> = Vec::with_capacity(plan.inputs.len());
-    for input in &plan.inputs {
+    // Staged inputs are copied into the GPU instance's pinned buffers first, and viewed once all
+    // are copied; the rest become ONNX Runtime values here.
+    let mut owned: Vec<(usize, DynValue)> = Vec::with_capacity(plan.inputs.len());
+    let mut staged: Vec<(usize, DataType, Vec<i64>)> = Vec::new();
+    for (index, input) in plan.inputs.iter().enumerate() {
         let parts: Vec<&Tensor> = batch
             .iter()
             .filter_map(|r| r.inputs.iter().find(|t| t.name == input.name))
             .collect();
-        if parts.is_empty() {
+        let Some(first) = parts.first() else {
             continue; // optional input left out by every request of the batch
+        };
+        if let Some(resources) = gpu.as_deref_mut() {
+            match resources.stage(index, &parts) {
+                Ok(true) => {
+                    let shape =
+                        merged_shape(first, total_rows, plan.batched, input.reshape.as_deref());
+                    staged.push((index, first.datatype, shape));
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
+            }
         }
         match merge(parts, total_rows, plan.batched, input.reshape.as_deref()).and_then(to_ort) {
-            Ok(value) => inputs.push((input.name.clone(), value)),
+            Ok(value) => owned.push((index, value)),
             Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
+        }
+    }
+    let mut inputs: Vec<(String, ort::session::SessionInputValue<'_>)> =
+        Vec::with_capacity(plan.inputs.len());
+    for (index, value) in owned {
+        inputs.push((plan.inputs[index].name.clone(), value.into()));
+    }
+    if let Some(resources) = gpu.as_deref() {
+        for (index, datatype, shape) in &staged {
+            match resources.view(*index, *datatype, shape) {
+                Ok(view) => inputs.push((plan.inputs[*index].name.clone(), view)),
+                Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
+            }
         }
     }
     let t1 = Instant::now();
@@ -486,6 +583,27 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
     Executed { results, timing }
 }
 
+/// The shape of one input of a batch: `total_rows` rows of the first request's (or `reshape`'s)
+/// row shape.
+fn merged_shape(
+    first: &Tensor,
+    total_rows: usize,
+    batched: bool,
+    reshape: Option<&[i64]>,
+) -> Vec<i64> {
+    let inner: &[i64] = match reshape {
+        Some(r) => r,
+        None if batched => first.shape.get(1..).unwrap_or_default(),
+        None => &first.shape,
+    };
+    let mut shape = Vec::with_capacity(inner.len() + 1);
+    if batched {
+        shape.push(total_rows as i64);
+    }
+    shape.extend_from_slice(inner);
+    shape
+}
+
 /// Concatenates one input of every request along the batch dimension.
 fn merge(
     parts: Vec<&Tensor>,
@@ -494,16 +612,7 @@ fn merge(
     reshape: Option<&[i64]>,
 ) -> Result<Tensor, InferError> {
     let first = parts[0];
-    let inner: Vec<i64> = match reshape {
-        Some(r) => r.to_vec(),
-        None if batched => first.shape[1..].to_vec(),
-        None => first.shape.clone(),
-    };
-    let mut shape = Vec::with_capacity(inner.len() + 1);
-    if batched {
-        shape.push(total_rows as i64);
-    }
-    shape.extend(inner);
+    let shape = merged_shape(first, total_rows, batched, reshape);
     let data = if parts.len() == 1 {
         first.data.clone()
     } else {
@@ -665,16 +774,6 @@ fn bytes_of<T: Plain>(values: &[T]) -> bytes::Bytes {
         std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
     };
     bytes::Bytes::copy_from_slice(view)
-}
-
-macro_rules! numeric_types {
-    ($m:ident) => {
-        $m! {
-            Fp16 => half::f16, Fp32 => f32, Fp64 => f64,
-            Int8 => i8, Int16 => i16, Int32 => i32, Int64 => i64,
-            Uint8 => u8, Uint16 => u16, Uint32 => u32, Uint64 => u64
-        }
-    };
 }
 
 fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
