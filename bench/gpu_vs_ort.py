@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Tessera on a GPU against ONNX Runtime's own throughput on the same GPU (issue 13's measure).
+
+For one ONNX model:
+  1. the bare engine: an onnxruntime InferenceSession with the CUDA provider, no server, runs
+     batches of each size 1, 2, 4, ... max_batch_size back to back: rows per second per size;
+  2. Tessera: the same model served with dynamic batching on the GPU (KIND_GPU, one instance),
+     clients at increasing concurrency each sending one-row requests (binary KServe v2 over HTTP,
+     one keep-alive connection per client process): rows per second, p99 latency, server CPU time
+     per inference, and the average batch the batcher formed;
+  3. the ratio: Tessera's rows/s over the bare engine's rows/s at the batch size Tessera formed
+     (the largest measured size not above it). Target at saturation: >= 0.90.
+
+It starts the server itself (TESSERA_BIN, ORT_DYLIB_PATH and LD_LIBRARY_PATH from the caller,
+e.g. `source scripts/gpu/env.sh`), on a temporary repository, and prints one table.
+
+  bench/gpu_vs_ort.py --model model_repository/minilm --concurrency 1,4,16,64
+  bench/gpu_vs_ort.py --wide-mlp 4096 --concurrency 1,4,16,64     # a generated 8-layer MLP
+"""
+import argparse, http.client, json, multiprocessing, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
+
+import numpy as np
+
+
+def wide_mlp(path, width, layers=8, features=1024):
+    """An MLP much larger than the examples (width x width matrices), made offline with onnx."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    nodes, inits, prev, dim = [], [], "INPUT", features
+    for i in range(layers):
+        w = (rng.standard_normal((dim, width)) / np.sqrt(dim)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]))
+        out = "OUTPUT" if i == layers - 1 else f"r{i}"
+        nodes.append(helper.make_node("Relu" if i < layers - 1 else "Identity", [f"m{i}"], [out]))
+        prev, dim = out, width
+    graph = helper.make_graph(nodes, "wide_mlp",
+                              [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["N", features])],
+                              [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["N", width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, path)
+
+
+def example_inputs(session, rows, seq=32):
+    """Inputs for `rows` rows: random floats, or token ids / masks for a BERT-style model."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for i in session.get_inputs():
+        shape = [rows] + [d if isinstance(d, int) and d > 0 else seq for d in i.shape[1:]]
+        if "int64" in i.type:
+            if "ids" in i.name and "type" not in i.name:
+                out[i.name] = rng.integers(1000, 5000, size=shape, dtype=np.int64)
+            elif "type" in i.name:
+                out[i.name] = np.zeros(shape, dtype=np.int64)
+            else:
+                out[i.name] = np.ones(shape, dtype=np.int64)
+        else:
+            out[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def bare_engine(onnx_path, max_batch, seconds):
+    import onnxruntime as ort
+    session = ort.InferenceSession(onnx_path, providers=["CUDAExecutionProvider"])
+    if "CUDAExecutionProvider" not in session.get_providers():
+        sys.exit("the bare engine has no CUDA provider: run with the onnxruntime-gpu wheel on PYTHONPATH")
+    rates, b = {}, 1
+    while b <= max_batch:
+        feed = example_inputs(session, b)
+        for _ in range(10):
+            session.run(None, feed)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            session.run(None, feed)
+            n += 1
+        rates[b] = n * b / (time.perf_counter() - t0)
+        b *= 2
+    return rates, session
+
+
+DTYPES = {np.float32: "FP32", np.int64: "INT64"}
+
+
+def client(args):
+    port, model, feed, seconds, out_names = args
+    header_inputs, body = [], b""
+    for name, value in feed.items():
+        raw = value.tobytes()
+        header_inputs.append({"name": name, "shape": list(value.shape), "datatype": DTYPES[value.dtype.type],
+                              "parameters": {"binary_data_size": len(raw)}})
+        body += raw
+    header = json.dumps({"inputs": header_inputs,
+                         "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in out_names]}).encode()
+    payload = header + body
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    latencies, t_end = [], time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        conn.request("POST", f"/v2/models/{model}/infer", payload,
+                     {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"})
+        r = conn.getresponse()
+        r.read()
+        if r.status != 200:
+            raise SystemExit(f"HTTP {r.status}")
+        latencies.append(time.perf_counter() - t0)
+    return latencies
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stats(port, model):
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.request("GET", f"/v2/models/{model}/stats")
+    s = json.loads(conn.getresponse().read())["model_stats"][0]
+    return int(s["inference_count"]), int(s["execution_count"])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a model folder with config.pbtxt and 1/model.onnx")
+    p.add_argument("--wide-mlp", type=int, help="generate an MLP of this width instead")
+    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--port", type=int, default=18100)
+    a = p.parse_args()
+    binary = os.environ.get("TESSERA_BIN", "target/release/tessera")
+    work = tempfile.mkdtemp(prefix="gpu-bench-")
+    try:
+        name = "bench_model"
+        os.makedirs(f"{work}/repo/{name}/1")
+        onnx_path = f"{work}/repo/{name}/1/model.onnx"
+        if a.wide_mlp:
+            wide_mlp(onnx_path, a.wide_mlp)
+            label = f"MLP 8x{a.wide_mlp}"
+        else:
+            shutil.copy(f"{a.model}/1/model.onnx", onnx_path)
+            label = os.path.basename(a.model.rstrip("/"))
+        rates, session = bare_engine(onnx_path, a.max_batch, a.seconds)
+        # Inputs and outputs are auto-completed from the file; the batcher and placement are set.
+        with open(f"{work}/repo/{name}/config.pbtxt", "w") as f:
+            f.write(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {a.max_batch}\n'
+                    f'dynamic_batching {{ max_queue_delay_microseconds: 100 }}\n'
+                    f'instance_group [{{ kind: KIND_GPU count: 1 gpus: [0] }}]\n')
+        server = subprocess.Popen([binary, "--model-repository", f"{work}/repo", "--http-port", str(a.port),
+                                   "--allow-grpc", "false", "--allow-metrics", "false", "--strict-model-config=false",
+                                   "--strict-readiness=true", "--store", f"{work}/store"],
+                                  stdout=subprocess.DEVNULL, stderr=open(f"{work}/server.log", "w"))
+        try:
+            for _ in range(600):
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", a.port)
+                    c.request("GET", "/v2/health/ready")
+                    if c.getresponse().status == 200:
+                        break
+                except OSError:
+                    pass
+                if server.poll() is not None:
+                    sys.exit(open(f"{work}/server.log").read())
+                time.sleep(0.5)
+            feed = example_inputs(session, 1)
+            outs = [o.name for o in session.get_outputs()]
+            print(f"\n{label}: Tessera (HTTP, dynamic batching, 1 GPU instance) vs bare ONNX Runtime (CUDA), same GPU")
+            print("bare engine rows/s by batch: " + ", ".join(f"{b}: {r:,.0f}" for b, r in rates.items()))
+            print(f"{'conc':>5} {'rows/s':>10} {'p99 ms':>8} {'CPU us/inf':>11} {'avg batch':>10} {'bare rows/s':>12} {'ratio':>6}")
+            for conc in [int(c) for c in a.concurrency.split(",")]:
+                with multiprocessing.Pool(conc) as pool:
+                    pool.map(client, [(a.port, name, feed, 1.0, outs)] * conc)  # warm up
+                    inf0, exe0 = stats(a.port, name)
+                    cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
+                    lat = [x for l in pool.map(client, [(a.port, name, feed, a.seconds, outs)] * conc) for x in l]
+                    wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
+                inf1, exe1 = stats(a.port, name)
+                rows = (inf1 - inf0) / wall
+                batch = (inf1 - inf0) / max(1, exe1 - exe0)
+                size = max([b for b in rates if b <= max(1, batch)] or [1])
+                p99 = statistics.quantiles(lat, n=100)[98] * 1e3 if len(lat) > 1 else float("nan")
+                print(f"{conc:>5} {rows:>10,.0f} {p99:>8.2f} {cpu / max(1, inf1 - inf0) * 1e6:>11.1f} {batch:>10.1f} "
+                      f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f}")
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
