@@ -2,20 +2,21 @@
 """Tessera on a GPU against ONNX Runtime's own throughput on the same GPU (issue 13's measure).
 
 For one ONNX model:
-  1. the bare engine: an onnxruntime InferenceSession with the CUDA provider, no server, runs
-     batches of each size 1, 2, 4, ... max_batch_size back to back: rows per second per size;
-  2. Tessera: the same model served with dynamic batching on the GPU (KIND_GPU, one instance),
+  1. Tessera: the model served with dynamic batching on the GPU (KIND_GPU, one instance),
      clients at increasing concurrency each sending one-row requests (binary KServe v2 over HTTP,
      one keep-alive connection per client process): rows per second, p99 latency, server CPU time
      per inference, and the average batch the batcher formed;
-  3. the ratio: Tessera's rows/s over the bare engine's rows/s at the batch size Tessera formed
-     (the largest measured size not above it). Target at saturation: >= 0.90.
+  2. then, with the server stopped (the GPU to itself), the bare engine: an onnxruntime
+     InferenceSession with the CUDA provider, no server, running batches of the (rounded) size
+     Tessera formed at each concurrency back to back: rows per second;
+  3. the ratio of the two. Target at saturation: >= 0.90.
 
 It starts the server itself (TESSERA_BIN, ORT_DYLIB_PATH and LD_LIBRARY_PATH from the caller,
 e.g. `source scripts/gpu/env.sh`), on a temporary repository, and prints one table.
 
   bench/gpu_vs_ort.py --model model_repository/minilm --concurrency 1,4,16,64
   bench/gpu_vs_ort.py --wide-mlp 4096 --concurrency 1,4,16,64     # a generated 8-layer MLP
+  bench/gpu_vs_ort.py --cpu --model model_repository/minilm         # both on the CPU (no GPU needed)
 """
 import argparse, http.client, json, multiprocessing, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
 
@@ -43,32 +44,50 @@ def wide_mlp(path, width, layers=8, features=1024):
     onnx.save(model, path)
 
 
-def example_inputs(session, rows, seq=32):
-    """Inputs for `rows` rows: random floats, or token ids / masks for a BERT-style model."""
-    rng = np.random.default_rng(1)
-    out = {}
-    for i in session.get_inputs():
-        shape = [rows] + [d if isinstance(d, int) and d > 0 else seq for d in i.shape[1:]]
-        if "int64" in i.type:
-            if "ids" in i.name and "type" not in i.name:
-                out[i.name] = rng.integers(1000, 5000, size=shape, dtype=np.int64)
-            elif "type" in i.name:
-                out[i.name] = np.zeros(shape, dtype=np.int64)
-            else:
-                out[i.name] = np.ones(shape, dtype=np.int64)
-        else:
-            out[i.name] = rng.standard_normal(shape).astype(np.float32)
+def graph_inputs(onnx_path):
+    """(name, non-batch dims, is int64) of each graph input, read with onnx (no session)."""
+    import onnx
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    out = []
+    for i in graph.input:
+        if i.name in inits:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim][1:]
+        out.append((i.name, dims, i.type.tensor_type.elem_type == onnx.TensorProto.INT64))
     return out
 
 
-def bare_engine(onnx_path, max_batch, seconds):
+def example_inputs(specs, rows, seq=32):
+    """Inputs for `rows` rows: random floats, or token ids / masks for a BERT-style model."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for name, dims, is_int in specs:
+        shape = [rows] + [d if d > 0 else seq for d in dims]
+        if is_int:
+            if "ids" in name and "type" not in name:
+                out[name] = rng.integers(1000, 5000, size=shape, dtype=np.int64)
+            elif "type" in name:
+                out[name] = np.zeros(shape, dtype=np.int64)
+            else:
+                out[name] = np.ones(shape, dtype=np.int64)
+        else:
+            out[name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def bare_engine(onnx_path, specs, sizes, seconds, provider):
+    """Rows per second of a bare session at each batch size."""
     import onnxruntime as ort
-    session = ort.InferenceSession(onnx_path, providers=["CUDAExecutionProvider"])
-    if "CUDAExecutionProvider" not in session.get_providers():
+    options = ort.SessionOptions()
+    if provider == "CPUExecutionProvider":  # the server's CPU instances' settings
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(onnx_path, options, providers=[provider])
+    if provider not in session.get_providers():
         sys.exit("the bare engine has no CUDA provider: run with the onnxruntime-gpu wheel on PYTHONPATH")
-    rates, b = {}, 1
-    while b <= max_batch:
-        feed = example_inputs(session, b)
+    rates = {}
+    for b in sorted(set(sizes)):
+        feed = example_inputs(specs, b)
         for _ in range(10):
             session.run(None, feed)
         n, t0 = 0, time.perf_counter()
@@ -76,8 +95,7 @@ def bare_engine(onnx_path, max_batch, seconds):
             session.run(None, feed)
             n += 1
         rates[b] = n * b / (time.perf_counter() - t0)
-        b *= 2
-    return rates, session
+    return rates
 
 
 DTYPES = {np.float32: "FP32", np.int64: "INT64"}
@@ -103,7 +121,7 @@ def client(args):
         r = conn.getresponse()
         r.read()
         if r.status != 200:
-            raise SystemExit(f"HTTP {r.status}")
+            raise RuntimeError(f"HTTP {r.status}")  # an Exception: Pool.map re-raises it
         latencies.append(time.perf_counter() - t0)
     return latencies
 
@@ -128,6 +146,7 @@ def main():
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--port", type=int, default=18100)
+    p.add_argument("--cpu", action="store_true", help="both sides on the CPU (checks the script anywhere)")
     a = p.parse_args()
     binary = os.environ.get("TESSERA_BIN", "target/release/tessera")
     work = tempfile.mkdtemp(prefix="gpu-bench-")
@@ -141,12 +160,15 @@ def main():
         else:
             shutil.copy(f"{a.model}/1/model.onnx", onnx_path)
             label = os.path.basename(a.model.rstrip("/"))
-        rates, session = bare_engine(onnx_path, a.max_batch, a.seconds)
+        specs = graph_inputs(onnx_path)
+        import onnx
+        outs = [o.name for o in onnx.load(onnx_path, load_external_data=False).graph.output]
         # Inputs and outputs are auto-completed from the file; the batcher and placement are set.
         with open(f"{work}/repo/{name}/config.pbtxt", "w") as f:
             f.write(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {a.max_batch}\n'
                     f'dynamic_batching {{ max_queue_delay_microseconds: 100 }}\n'
-                    f'instance_group [{{ kind: KIND_GPU count: 1 gpus: [0] }}]\n')
+                    + ("instance_group [{ kind: KIND_CPU count: 1 }]\n" if a.cpu
+                       else "instance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]\n"))
         server = subprocess.Popen([binary, "--model-repository", f"{work}/repo", "--http-port", str(a.port),
                                    "--allow-grpc", "false", "--allow-metrics", "false", "--strict-model-config=false",
                                    "--strict-readiness=true", "--store", f"{work}/store"],
@@ -163,11 +185,10 @@ def main():
                 if server.poll() is not None:
                     sys.exit(open(f"{work}/server.log").read())
                 time.sleep(0.5)
-            feed = example_inputs(session, 1)
-            outs = [o.name for o in session.get_outputs()]
-            print(f"\n{label}: Tessera (HTTP, dynamic batching, 1 GPU instance) vs bare ONNX Runtime (CUDA), same GPU")
-            print("bare engine rows/s by batch: " + ", ".join(f"{b}: {r:,.0f}" for b, r in rates.items()))
-            print(f"{'conc':>5} {'rows/s':>10} {'p99 ms':>8} {'CPU us/inf':>11} {'avg batch':>10} {'bare rows/s':>12} {'ratio':>6}")
+            else:
+                sys.exit("the server did not become ready:\n" + open(f"{work}/server.log").read())
+            feed = example_inputs(specs, 1)
+            rows_table = []
             for conc in [int(c) for c in a.concurrency.split(",")]:
                 with multiprocessing.Pool(conc) as pool:
                     pool.map(client, [(a.port, name, feed, 1.0, outs)] * conc)  # warm up
@@ -178,13 +199,20 @@ def main():
                 inf1, exe1 = stats(a.port, name)
                 rows = (inf1 - inf0) / wall
                 batch = (inf1 - inf0) / max(1, exe1 - exe0)
-                size = max([b for b in rates if b <= max(1, batch)] or [1])
                 p99 = statistics.quantiles(lat, n=100)[98] * 1e3 if len(lat) > 1 else float("nan")
-                print(f"{conc:>5} {rows:>10,.0f} {p99:>8.2f} {cpu / max(1, inf1 - inf0) * 1e6:>11.1f} {batch:>10.1f} "
-                      f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f}")
+                rows_table.append((conc, rows, p99, cpu / max(1, inf1 - inf0) * 1e6, batch))
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
+        sizes = [max(1, min(a.max_batch, round(r[4]))) for r in rows_table]
+        device = "CPU" if a.cpu else "GPU"
+        rates = bare_engine(onnx_path, specs, sizes, a.seconds,
+                            "CPUExecutionProvider" if a.cpu else "CUDAExecutionProvider")
+        print(f"\n{label}: Tessera (HTTP, dynamic batching, 1 {device} instance) vs bare ONNX Runtime, same {device}")
+        print(f"{'conc':>5} {'rows/s':>10} {'p99 ms':>8} {'CPU us/inf':>11} {'avg batch':>10} {'bare rows/s':>12} {'ratio':>6}")
+        for (conc, rows, p99, cpu_us, batch), size in zip(rows_table, sizes):
+            print(f"{conc:>5} {rows:>10,.0f} {p99:>8.2f} {cpu_us:>11.1f} {batch:>10.1f} "
+                  f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

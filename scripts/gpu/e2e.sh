@@ -19,7 +19,8 @@ if [ -z "${TESSERA_BIN:-}" ]; then
 fi
 PY="${PYTHON:-python3}"
 WORK="$(mktemp -d)"
-trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+SERVER=
+trap 'if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; fi; rm -rf "$WORK"' EXIT
 REPO="$WORK/repo"
 mkdir -p "$REPO"
 for model in add_sub minilm mlp_classifier_batched; do
@@ -93,9 +94,28 @@ for model, runs in cases.items():
             ok = diff <= 1e-3 * scale
             print(f"{'ok  ' if ok else 'FAIL'} {model}: output {name}, {len(cpu[name])} values, max |gpu - cpu| = {diff:.2e}")
             if not ok: sys.exit(1)
+# Batches: concurrent requests of 1 to 3 rows, which the batcher joins (several requests copied
+# into one pinned buffer), then one request larger than any batch before (the buffer grows).
+from concurrent.futures import ThreadPoolExecutor
+def rows(n, seed):
+    rng = random.Random(seed)
+    return [{"name": "INPUT", "shape": [n, 64], "datatype": "FP32", "data": [rng.uniform(-1, 1) for _ in range(n * 64)]}]
+def compare(args):
+    n, seed = args
+    inputs = rows(n, seed)
+    gpu, cpu = outputs("mlp_classifier_batched_gpu", inputs), outputs("mlp_classifier_batched_cpu", inputs)
+    return max(abs(float(a) - float(b)) for a, b in zip(gpu["PROBS"], cpu["PROBS"]))
+with ThreadPoolExecutor(32) as pool:
+    diffs = list(pool.map(compare, [(1 + i % 3, i) for i in range(256)]))
+diffs.append(compare((64, 999)))
+stats = call("/v2/models/mlp_classifier_batched_gpu/stats")["model_stats"][0]
+batches = [int(b["batch_size"]) for b in stats["batch_stats"]]
+print(f"{'ok  ' if max(diffs) <= 1e-3 else 'FAIL'} mlp_classifier_batched: {len(diffs)} concurrent requests, batch sizes {min(batches)}..{max(batches)}, max |gpu - cpu| = {max(diffs):.2e}")
+if max(diffs) > 1e-3: sys.exit(1)
+if max(batches) < 4: print("note: the batcher formed no batch of 4 or more rows; joining requests was not exercised")
 print(f"GPU answers agree with the CPU's (worst relative difference {worst:.2e}, tolerance 1e-3)")
 PY
-METRICS="$(curl -sf "localhost:$((PORT + 2))/metrics")"
+METRICS="$(curl -sf "localhost:$((PORT + 2))/metrics")" || { echo "FAIL: /metrics did not answer"; exit 1; }
 for family in nv_gpu_utilization nv_gpu_memory_total_bytes nv_gpu_memory_used_bytes nv_gpu_power_usage nv_gpu_power_limit nv_energy_consumption; do
   line="$(grep "^$family{gpu_uuid=" <<<"$METRICS" | head -1 || true)"
   [ -n "$line" ] || { echo "FAIL: no $family on /metrics"; exit 1; }

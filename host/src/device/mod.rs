@@ -9,7 +9,7 @@
 //! `KIND_GPU` instance groups then fail to load with that reason ([`placement`]).
 
 use std::ffi::c_char;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
@@ -29,23 +29,26 @@ pub struct Gpu {
     pub multiprocessors: i32,
     /// `0000:17:00.0` style; empty if the driver does not say.
     pub pci_bus_id: String,
-    context: OnceLock<Result<Arc<CudaContext>, String>>,
+    /// Retained on first use; a failure is not kept, so the next load tries again.
+    context: Mutex<Option<Arc<CudaContext>>>,
 }
 
 impl Gpu {
     /// The device's primary context (the one the CUDA runtime, and so ONNX Runtime, uses too),
     /// retained on first use and kept for the server's life.
     pub fn context(&self) -> Result<Arc<CudaContext>, DeviceError> {
-        self.context
-            .get_or_init(|| {
-                guarded(|| CudaContext::new(self.id as usize).map_err(|e| e.to_string()))
-                    .and_then(|r| r)
-            })
-            .clone()
+        let mut held = self.context.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(context) = held.as_ref() {
+            return Ok(context.clone());
+        }
+        let context = guarded(|| CudaContext::new(self.id as usize).map_err(|e| e.to_string()))
+            .and_then(|r| r)
             .map_err(|reason| DeviceError::Context {
                 id: self.id,
                 reason,
-            })
+            })?;
+        *held = Some(context.clone());
+        Ok(context)
     }
 
     /// A new stream on this device, for one model instance's work.
@@ -139,12 +142,11 @@ impl Devices {
         if options.selection == GpuSelection::None {
             return Devices::none("GPUs are turned off (--gpus none)");
         }
-        let (found, driver_version) = match guarded(query_driver).and_then(|r| r) {
+        let (found, driver_version, mut left_out) = match guarded(query_driver).and_then(|r| r) {
             Ok(found) => found,
             Err(reason) => return Devices::none(reason),
         };
         let mut gpus = Vec::new();
-        let mut left_out = Vec::new();
         for gpu in found {
             if let GpuSelection::Only(ids) = &options.selection
                 && !ids.contains(&gpu.id)
@@ -244,8 +246,9 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     })
 }
 
-/// Every device the driver shows, and the driver's version.
-fn query_driver() -> Result<(Vec<Gpu>, i32), String> {
+/// Every device the driver shows, the driver's version, and why devices it could not describe
+/// (a GPU that fell off the bus, say) are left out: one bad device does not hide the others.
+fn query_driver() -> Result<(Vec<Gpu>, i32, Vec<String>), String> {
     // SAFETY: only tries to open the library by name; loads nothing into our symbols.
     if !unsafe { sys::is_culib_present() } {
         return Err(
@@ -262,10 +265,14 @@ fn query_driver() -> Result<(Vec<Gpu>, i32), String> {
     let count =
         result::device::get_count().map_err(|e| format!("cannot count CUDA devices: {e}"))?;
     let mut gpus = Vec::new();
+    let mut left_out = Vec::new();
     for ordinal in 0..count {
-        gpus.push(describe_device(ordinal).map_err(|e| format!("CUDA device {ordinal}: {e}"))?);
+        match describe_device(ordinal) {
+            Ok(gpu) => gpus.push(gpu),
+            Err(e) => left_out.push(format!("GPU {ordinal} cannot be described: {e}")),
+        }
     }
-    Ok((gpus, version))
+    Ok((gpus, version, left_out))
 }
 
 fn describe_device(ordinal: i32) -> Result<Gpu, cudarc::driver::DriverError> {
@@ -298,7 +305,7 @@ fn describe_device(ordinal: i32) -> Result<Gpu, cudarc::driver::DriverError> {
         total_memory: total_memory as u64,
         multiprocessors,
         pci_bus_id,
-        context: OnceLock::new(),
+        context: Mutex::new(None),
     })
 }
 
@@ -377,7 +384,7 @@ pub(crate) mod tests_support {
             total_memory: 80 << 30,
             multiprocessors: 132,
             pci_bus_id: format!("0000:0{id}:00.0"),
-            context: OnceLock::new(),
+            context: Mutex::new(None),
         }
     }
 }

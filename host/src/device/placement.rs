@@ -1,7 +1,9 @@
 //! Where a model's instances run, decided as Triton decides it (`model_config_utils.cc`):
 //!
-//! - No `instance_group`: one group of kind `KIND_AUTO`, count 1.
-//! - A group without a name is named `<model>_<index>`; a `count` below 1 becomes 1.
+//! - No `instance_group`: one group named `<model>`, of kind `KIND_AUTO`, count 1.
+//! - A group without a name is named `<model>_<index>`; a `count` below 1 becomes 1. (Triton
+//!   gives ONNX models on the CPU 2 instances when `count` is not set; Tessera keeps 1, because
+//!   instances share the cores with the HTTP workers and every other model.)
 //! - `KIND_AUTO` becomes `KIND_GPU` on every usable GPU when there is one and the backend can
 //!   execute there (for ONNX: the ONNX Runtime library has the CUDA provider), else `KIND_CPU`.
 //!   (Triton checks only for GPUs, its backends being GPU builds; ours may load a CPU-only ONNX
@@ -59,6 +61,7 @@ pub fn normalize(
 ) -> Result<(), PlacementError> {
     if config.instance_group.is_empty() {
         config.instance_group.push(ModelInstanceGroup {
+            name: config.name.clone(),
             kind: Kind::Auto as i32,
             count: 1,
             ..Default::default()
@@ -225,12 +228,9 @@ mod tests {
     #[test]
     fn no_group_is_one_auto_instance() {
         let c = placed("", &[], true).expect("placed");
-        assert_eq!(kinds(&c), vec![("m_0".into(), Kind::Cpu as i32, vec![])]);
+        assert_eq!(kinds(&c), vec![("m".into(), Kind::Cpu as i32, vec![])]);
         let c = placed("", &[0, 1], true).expect("placed");
-        assert_eq!(
-            kinds(&c),
-            vec![("m_0".into(), Kind::Gpu as i32, vec![0, 1])]
-        );
+        assert_eq!(kinds(&c), vec![("m".into(), Kind::Gpu as i32, vec![0, 1])]);
         assert_eq!(slots(&c).len(), 2, "one instance on each GPU");
     }
 

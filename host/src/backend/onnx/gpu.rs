@@ -151,7 +151,12 @@ impl GpuResources {
             // Free the old buffer before taking the larger one; round up so that slowly growing
             // batches do not reallocate every time.
             self.staging[index] = None;
-            let capacity = needed.next_power_of_two().max(64 * 1024);
+            const MIB: usize = 1 << 20;
+            let capacity = if needed <= MIB {
+                needed.next_power_of_two().max(64 * 1024)
+            } else {
+                needed.div_ceil(MIB) * MIB
+            };
             // SAFETY: plain bytes; every byte read later is written below first.
             let buffer = unsafe { self.context.alloc_pinned_with_flags::<u8>(capacity, 0) }
                 .map_err(|e| {

@@ -233,7 +233,6 @@ impl OnnxInstance {
         std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                // Declared after `gpu` so it is dropped first: it runs on the GPU's stream.
                 let mut session = session;
                 // Ends when the instance is dropped (the model is unloaded).
                 while let Ok(job) = inbox.recv() {
@@ -250,6 +249,9 @@ impl OnnxInstance {
                     });
                     let _ = job.done.send(executed);
                 }
+                // The session runs on the GPU resources' stream: it goes first.
+                drop(session);
+                drop(gpu);
             })
             .map_err(|e| LoadError::runtime(format!("cannot start an instance thread: {e}")))?;
         Ok(OnnxInstance { jobs })

@@ -5,7 +5,8 @@
 //!   puts TensorRT first, with `precision_mode` (`FP32`, `FP16`, `BF16`, `INT8`),
 //!   `max_workspace_size_bytes`, the `int8_*` calibration keys and the `trt_*` keys passed to
 //!   ONNX Runtime as they are; any other key is refused. `name: "cuda"` passes its keys to the
-//!   CUDA provider unchecked.
+//!   CUDA provider unchecked, but for those the server owns (`device_id`, the stream) and CUDA
+//!   graphs (which need fixed input addresses).
 //! - The CUDA provider always follows (it runs what TensorRT does not take), on the instance's
 //!   device and stream.
 //! - The model's `parameters` `cudnn_conv_algo_search` (0 exhaustive, 1 heuristic, 2 default),
@@ -137,6 +138,11 @@ pub fn gpu_providers(config: &ModelConfig) -> Result<GpuProviders, LoadError> {
                 }
                 "cuda" => {
                     for (key, value) in sorted {
+                        if let Some(why) = server_owned(key) {
+                            return Err(LoadError::invalid(format!(
+                                "cuda execution accelerator: parameter '{key}' cannot be set: {why}"
+                            )));
+                        }
                         if matches!(
                             key.as_str(),
                             "do_copy_in_default_stream" | "use_ep_level_unified_stream"
@@ -158,6 +164,20 @@ pub fn gpu_providers(config: &ModelConfig) -> Result<GpuProviders, LoadError> {
     }
     model_cuda_parameters(config, &mut providers.cuda)?;
     Ok(providers)
+}
+
+/// CUDA provider options the server sets itself, or that cannot work with how it runs sessions.
+fn server_owned(key: &str) -> Option<&'static str> {
+    match key {
+        "device_id" => Some("the device is the instance's GPU (instance_group.gpus)"),
+        "has_user_compute_stream" | "user_compute_stream" => {
+            Some("each instance runs on a CUDA stream the server creates for it")
+        }
+        "enable_cuda_graph" => Some(
+            "CUDA graphs need inputs at fixed device addresses, and batches are copied in per run",
+        ),
+        _ => None,
+    }
 }
 
 fn tensorrt_option(
@@ -317,6 +337,9 @@ mod tests {
         let e = providers(r#"optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }"#)
             .expect_err("openvino");
         assert!(matches!(e, LoadError::Unsupported(_)));
+        let e = providers(r#"optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "cuda" parameters { key: "device_id" value: "1" } } ] } }"#)
+            .expect_err("the server places instances");
+        assert!(e.to_string().contains("'device_id' cannot be set"), "{e}");
         let e = providers(
             r#"parameters { key: "cudnn_conv_algo_search" value: { string_value: "7" } }"#,
         )
@@ -333,7 +356,7 @@ mod tests {
             r#"optimization { execution_accelerators { gpu_execution_accelerator: [ {
                 name: "cuda"
                 parameters { key: "cudnn_conv_algo_search" value: "EXHAUSTIVE" }
-                parameters { key: "enable_cuda_graph" value: "1" } } ] } }
+                parameters { key: "cudnn_conv_use_max_workspace" value: "1" } } ] } }
                parameters { key: "cudnn_conv_algo_search" value: { string_value: "1" } }
                parameters { key: "arena_extend_strategy" value: { string_value: "1" } }"#,
         )
@@ -342,7 +365,7 @@ mod tests {
         assert_eq!(
             p.cuda,
             pairs(&[
-                ("enable_cuda_graph", "1"),
+                ("cudnn_conv_use_max_workspace", "1"),
                 ("cudnn_conv_algo_search", "HEURISTIC"),
                 ("arena_extend_strategy", "kSameAsRequested"),
             ])
