@@ -9,7 +9,7 @@ if [ -z "$_tessera_site" ]; then
 fi
 ORT_DYLIB_PATH="$(ls "$_tessera_site"/onnxruntime/capi/libonnxruntime.so.1.* | sort | tail -1)"
 export ORT_DYLIB_PATH
-for _tessera_lib in "$_tessera_site"/nvidia/*/lib "$_tessera_site"/nvidia/cu13/lib "$_tessera_site"/tensorrt_libs; do
+for _tessera_lib in "$_tessera_site"/nvidia/*/lib "$_tessera_site"/tensorrt_libs; do
   [ -d "$_tessera_lib" ] && LD_LIBRARY_PATH="$_tessera_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 export LD_LIBRARY_PATH

@@ -12,7 +12,8 @@ VERSION="$(sed -n 's/^pub const PINNED_VERSION: &str = "\(.*\)";/\1/p' host/src/
 PYTHON="${PYTHON:-python3}"
 [ -x .venv-gpu/bin/python ] || "$PYTHON" -m venv .venv-gpu
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-# The extras bring NVIDIA's CUDA runtime, cuBLAS, cuFFT, cuRAND and cuDNN wheels.
-.venv-gpu/bin/python -m pip install -q "onnxruntime-gpu[cuda,cudnn]==$VERSION" numpy
+# The extras bring the CUDA runtime, cuFFT, cuRAND, NVRTC and cuDNN wheels; the CUDA provider also
+# links cuBLAS/cuBLASLt 13, named here. onnx is for bench/gpu_vs_ort.py.
+.venv-gpu/bin/python -m pip install -q "onnxruntime-gpu[cuda,cudnn]==$VERSION" "nvidia-cublas~=13.0" numpy onnx
 source "$ROOT/scripts/gpu/env.sh"
 echo "ORT_DYLIB_PATH=$ORT_DYLIB_PATH"
