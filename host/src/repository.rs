@@ -1488,6 +1488,61 @@ impl Repository {
 mod tests {
     use super::*;
 
+    /// An instance that is never asked to execute here.
+    struct Idle;
+
+    impl crate::backend::ModelInstance for Idle {
+        fn execute(
+            &mut self,
+            _batch: Vec<crate::infer::Call>,
+        ) -> BoxFuture<'_, crate::backend::Executed> {
+            Box::pin(async {
+                crate::backend::Executed {
+                    results: Vec::new(),
+                    timing: Default::default(),
+                }
+            })
+        }
+    }
+
+    /// Each instance needs its group's resources on its own GPU (CPU instances on device 0),
+    /// and global resources on none.
+    #[test]
+    fn instances_need_resources_on_their_own_device() {
+        let config = config::parse(
+            r#"instance_group [
+                 { kind: KIND_GPU gpus: [0, 1] rate_limiter { resources [
+                     { name: "R" count: 1 }, { name: "G" global: true count: 2 } ] } },
+                 { kind: KIND_CPU rate_limiter { resources [{ name: "R" count: 3 }] } } ]"#,
+            "c",
+        )
+        .expect("parses");
+        let slots = crate::device::placement::slots(&config);
+        let instances: Vec<(InstanceSlot, Box<dyn crate::backend::ModelInstance>)> = slots
+            .into_iter()
+            .map(|slot| {
+                (
+                    slot,
+                    Box::new(Idle) as Box<dyn crate::backend::ModelInstance>,
+                )
+            })
+            .collect();
+        let limiter = RateLimiter::new(true, &[]);
+        let needs: Vec<Requirement> = executors(&config, instances, &limiter)
+            .expect("registers")
+            .into_iter()
+            .map(|e| e.share.need)
+            .collect();
+        assert_eq!(
+            needs,
+            vec![
+                vec![(Resource::on_device("R", 0), 1), (Resource::global("G"), 2)],
+                vec![(Resource::on_device("R", 1), 1), (Resource::global("G"), 2)],
+                vec![(Resource::on_device("R", 0), 3)],
+            ]
+        );
+    }
+
     fn policy(text: &str) -> ModelConfig {
         config::parse(text, "c").expect("parses")
     }
