@@ -318,4 +318,37 @@ mod tests {
             placed("instance_group [{ kind: KIND_MODEL }]", &[], false).expect_err("model kind");
         assert!(matches!(e, PlacementError::Unsupported(_)));
     }
+
+    /// Triton users' configurations (the reference set): each places on three GPUs, and the
+    /// ONNX ones' accelerators are accepted.
+    #[test]
+    fn reference_configs_place_and_their_accelerators_are_accepted() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../crates/core/tests/data/triton-configs");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).expect("reference configs") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "pbtxt") {
+                continue;
+            }
+            let mut c = config::read(&path).unwrap_or_else(|e| panic!("{e}"));
+            normalize(&mut c, &devices(&[0, 1, 2]), true)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            if c.platform == "onnxruntime_onnx" || c.backend == "onnxruntime" {
+                crate::backend::onnx::providers::gpu_providers(&c)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+            if c.name == "multi_gpu_model" {
+                let on: Vec<Option<u32>> = slots(&c).iter().map(|s| s.gpu).collect();
+                assert_eq!(on, vec![Some(0), Some(1), Some(2), Some(1), Some(2)]);
+                let mut without = config::read(&path).expect("reads");
+                assert!(matches!(
+                    normalize(&mut without, &devices(&[]), true),
+                    Err(PlacementError::NoGpu(_))
+                ));
+            }
+            checked += 1;
+        }
+        assert!(checked >= 9, "found {checked} reference configs");
+    }
 }
