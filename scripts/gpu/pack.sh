@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For a GPU machine with no network: gathers what scripts/gpu/e2e.sh and bench/gpu_vs_ort.py need
-# beyond the repository into .gpu-pack/ (git-ignored), in folders of at most 60 MB each, so they can
+# beyond the repository into .gpu-pack/ (git-ignored), in folders of at most 55 MB each, so they can
 # be copied over one by one: p1/ the release binary (stripped) and run.sh, p2/ the fetched MiniLM
 # model, p3/... the onnxruntime-gpu wheel in parts. The GPU machine needs an NVIDIA driver, python3
 # with numpy and onnx, and NVIDIA's CUDA 13 libraries (cuBLAS, cudart, cuRAND; cuDNN for
@@ -24,7 +24,7 @@ trap 'rm -rf "$WHEELS"' EXIT
 "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 -d "$WHEELS" "onnxruntime-gpu==$VERSION"
-split -b 60M -d -a 2 "$WHEELS"/onnxruntime_gpu-*.whl "$WHEELS/wheel.part."
+split -b 50M -d -a 2 "$WHEELS"/onnxruntime_gpu-*.whl "$WHEELS/wheel.part."
 n=3
 for part in "$WHEELS"/wheel.part.*; do
   mkdir -p "$PACK/p$n"
