@@ -228,18 +228,32 @@ fn model_cuda_parameters(
     cuda: &mut Vec<(String, String)>,
 ) -> Result<(), LoadError> {
     let parameter = |key: &str| crate::config::string_parameter(config, key).map(str::trim);
-    if let Some(v) = parameter("cudnn_conv_algo_search") {
-        let algo = match v {
-            "0" => "EXHAUSTIVE",
-            "1" => "HEURISTIC",
-            "2" => "DEFAULT",
-            other => {
-                return Err(LoadError::invalid(format!(
-                    "unsupported cudnn_conv_algo_search value '{other}' is requested (0, 1 or 2)"
-                )));
-            }
-        };
-        set(cuda, "cudnn_conv_algo_search", algo);
+    // Triton numbers these choices; ONNX Runtime names them.
+    const CHOICES: [(&str, &[&str], &str); 2] = [
+        (
+            "cudnn_conv_algo_search",
+            &["EXHAUSTIVE", "HEURISTIC", "DEFAULT"],
+            "0, 1 or 2",
+        ),
+        (
+            "arena_extend_strategy",
+            &["kNextPowerOfTwo", "kSameAsRequested"],
+            "0 or 1",
+        ),
+    ];
+    for (key, names, allowed) in CHOICES {
+        if let Some(v) = parameter(key) {
+            let name = v
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| names.get(i))
+                .ok_or_else(|| {
+                    LoadError::invalid(format!(
+                        "unsupported {key} value '{v}' is requested ({allowed})"
+                    ))
+                })?;
+            set(cuda, key, name);
+        }
     }
     if let Some(v) = parameter("gpu_mem_limit") {
         v.parse::<u64>().map_err(|_| {
@@ -248,18 +262,6 @@ fn model_cuda_parameters(
             ))
         })?;
         set(cuda, "gpu_mem_limit", v);
-    }
-    if let Some(v) = parameter("arena_extend_strategy") {
-        let strategy = match v {
-            "0" => "kNextPowerOfTwo",
-            "1" => "kSameAsRequested",
-            other => {
-                return Err(LoadError::invalid(format!(
-                    "unsupported arena_extend_strategy value '{other}' is requested (0 or 1)"
-                )));
-            }
-        };
-        set(cuda, "arena_extend_strategy", strategy);
     }
     if let Some(v) = parameter("do_copy_in_default_stream") {
         check_value("cuda", "do_copy_in_default_stream", v, &Value::Bool)?;
