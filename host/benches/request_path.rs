@@ -71,5 +71,58 @@ fn request_path(c: &mut Criterion) {
     runtime.block_on(server.shutdown());
 }
 
-criterion_group!(benches, request_path);
+/// A 1 MiB input read from a system shared-memory region: through the object's descriptor, as
+/// the server does (a truncated object is an error, not SIGBUS), beside the copy out of a
+/// mapping that it replaced.
+fn shared_memory_input(c: &mut Criterion) {
+    use tessera::infer::SharedMemoryRef;
+    use tessera_core::kserve::RegionReader;
+    const SIZE: usize = 1 << 20;
+    let key = format!("/tessera-bench-{}", std::process::id());
+    let c_key = std::ffi::CString::new(key.clone()).expect("no NUL");
+    // SAFETY: creates, sizes and maps an object of this benchmark's own; unmapped and unlinked
+    // at the end.
+    let mapping = unsafe {
+        let fd = libc::shm_open(c_key.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
+        assert!(fd >= 0, "shm_open");
+        assert_eq!(libc::ftruncate(fd, SIZE as libc::off_t), 0);
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(base, libc::MAP_FAILED);
+        libc::close(fd);
+        std::ptr::write_bytes(base.cast::<u8>(), 7, SIZE);
+        base
+    };
+    let shm = tessera::shm::SharedMemory::default();
+    shm.register("bench", &key, 0, SIZE).expect("registers");
+    let place = SharedMemoryRef {
+        region: "bench".into(),
+        offset: 0,
+        byte_size: SIZE,
+    };
+    c.bench_function("shm input 1 MiB: pread (served)", |b| {
+        b.iter(|| shm.read(&place).expect("reads"))
+    });
+    c.bench_function("shm input 1 MiB: copy from a mapping (replaced)", |b| {
+        b.iter(|| {
+            let mut out = vec![0u8; SIZE];
+            // SAFETY: the mapping holds SIZE bytes and nothing truncates it here.
+            unsafe { std::ptr::copy_nonoverlapping(mapping.cast::<u8>(), out.as_mut_ptr(), SIZE) };
+            Bytes::from(out)
+        })
+    });
+    // SAFETY: the mapping and the object made above.
+    unsafe {
+        libc::munmap(mapping, SIZE);
+        libc::shm_unlink(c_key.as_ptr());
+    }
+}
+
+criterion_group!(benches, request_path, shared_memory_input);
 criterion_main!(benches);

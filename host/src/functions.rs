@@ -288,6 +288,12 @@ impl Functions {
             };
             table.insert(name, entry);
         }
+        if let Some(store) = &self.store {
+            for (name, reason) in store.damaged() {
+                tracing::error!(function = %name, "UNAVAILABLE: {reason}");
+                table.insert(name, FunctionEntry::Failed(reason));
+            }
+        }
         self.table.store(Arc::new(table));
     }
 
@@ -406,6 +412,11 @@ impl Functions {
         tokio::task::block_in_place(|| store.publish(name, revision, &hash))?;
         self.set(name, Some(FunctionEntry::Ready(function)));
         Ok(revision)
+    }
+
+    /// Where deployed functions are kept.
+    pub fn store(&self) -> Option<&Arc<Store>> {
+        self.store.as_ref()
     }
 
     pub fn get(&self, name: &str) -> Option<FunctionEntry> {

@@ -211,7 +211,11 @@ impl From<crate::store::StoreError> for ControlError {
             e @ (StoreError::NotDeployed(_) | StoreError::NoEarlierRevision(_)) => {
                 ControlError::NotFound(e.to_string())
             }
-            e @ StoreError::Io { .. } => ControlError::Internal(e.to_string()),
+            e @ StoreError::Io { .. } => {
+                // The path and the operating system's words stay in the log (D9).
+                tracing::error!("{e}");
+                ControlError::Internal(e.for_client())
+            }
         }
     }
 }
@@ -651,6 +655,10 @@ impl Control<'_> {
             StartupModels::Named(names) => names.clone(),
         };
         names.extend(store_loaded.iter().cloned());
+        // A damaged deployment shows UNAVAILABLE with its reason (`load` records it).
+        if let Some(store) = &self.repo.store {
+            names.extend(store.damaged().into_keys());
+        }
         names.sort();
         names.dedup();
         for name in names {
@@ -682,6 +690,24 @@ impl Control<'_> {
         name: &str,
         config_override: Option<ModelConfig>,
     ) -> Result<LoadOutcome, ControlError> {
+        if let Some(reason) = self.repo.store.as_ref().and_then(|s| s.damage(name)) {
+            let message = format!("failed to load '{name}': {reason}");
+            if !self
+                .repo
+                .read()
+                .get(name)
+                .is_some_and(ModelEntry::has_ready)
+            {
+                let entry = ModelEntry {
+                    origin: Origin::Store { revision: 0 },
+                    ..Default::default()
+                };
+                self.repo.update(|t| {
+                    t.insert(name.to_owned(), with_error(entry, &message));
+                });
+            }
+            return Err(ControlError::Invalid(message));
+        }
         let mut source = self.repo.source_of(name).ok_or_else(|| {
             ControlError::NotFound(format!(
                 "failed to load '{name}': no model directory '{name}' in the model repositories or the store"

@@ -3,6 +3,7 @@
 //! the small API front-ends use instead of reaching into internals.
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -830,6 +831,14 @@ impl Server {
         let mut text = crate::metrics::render_prometheus(&models, &self.wasm.counters.families());
         self.functions.render_metrics(&mut text);
         self.tenants.render_metrics(&mut text);
+        let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
+        let name = "tessera_store_damaged_deployments";
+        let _ = write!(
+            text,
+            "# HELP {name} Deployments the store cannot serve: their manifest is damaged or missing (see the log)\n# TYPE {name} gauge\n{name}{{area=\"models\"}} {}\n{name}{{area=\"functions\"}} {}\n",
+            damaged(self.repository.store()),
+            damaged(self.functions.store()),
+        );
         if let Some(gpus) = &self.gpu_metrics {
             gpus.render(&mut text);
         }

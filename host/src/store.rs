@@ -21,9 +21,18 @@
 //! a deployment is written under `tmp/` and fsynced, renamed to `models/<model>/<revision>/`
 //! (the rename and the directory fsynced), and only then named in the manifest, which is replaced
 //! atomically (temporary file, fsync, rename, fsync of the directory). A revision directory is
-//! immutable once renamed in. On start, `tmp/` is emptied and revision directories the manifest
-//! does not name (a crash between the rename and the manifest) are removed, so after a SIGKILL
-//! at any moment each model is at its previous revision or at the new one, never torn.
+//! immutable once renamed in. A model's first deployment writes an empty manifest before its
+//! first revision is renamed in, so every model folder the store made has a manifest. On start,
+//! `tmp/` is emptied and revision directories the manifest does not name (a crash between the
+//! rename and the manifest) are removed, so after a SIGKILL at any moment each model is at its
+//! previous revision or at the new one, never torn.
+//!
+//! Only what provably never was acknowledged is removed. A manifest that cannot be read (empty,
+//! truncated, wrong-typed, a directory in its place) or a model folder whose manifest is missing
+//! is *damaged*: nothing of it is touched, start-up goes on, and the deployment is reported
+//! UNAVAILABLE with the reason ([`Store::damaged`]) until an operator repairs it. Deploying it
+//! again or rolling it back rebuilds the manifest from the revisions on disk (the damaged file is
+//! kept beside it as `manifest.json.damaged-<time>`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -38,6 +47,11 @@ use serde::{Deserialize, Serialize};
 pub const KEPT_REVISIONS: usize = 5;
 
 const MANIFEST: &str = "manifest.json";
+
+/// The longest file name and path a deployment may hold (Linux's NAME_MAX, and a path well
+/// within PATH_MAX once under the store).
+const MAX_NAME_BYTES: usize = 255;
+const MAX_PATH_BYTES: usize = 1024;
 
 /// Where tenants' deployments live, one folder per tenant.
 pub const TENANTS_DIR: &str = "tenants";
@@ -55,6 +69,20 @@ pub enum StoreError {
     NotDeployed(String),
     #[error("model '{0}' has no earlier revision to roll back to")]
     NoEarlierRevision(String),
+}
+
+impl StoreError {
+    /// The error as a client may read it: a disk failure names neither the store's path nor the
+    /// operating system's words (both go to the log, where [`StoreError`]'s own text has them).
+    pub fn for_client(&self) -> String {
+        match self {
+            StoreError::Io { source, .. } => format!(
+                "the deployment store failed: {} (details in the server log)",
+                source.kind()
+            ),
+            other => other.to_string(),
+        }
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -106,6 +134,9 @@ pub struct Store {
     /// Manifests, as on disk. Writers hold the lock across the disk write, so memory and disk
     /// never disagree.
     manifests: Mutex<BTreeMap<String, Manifest>>,
+    /// Deployments whose manifest could not be read at start, with the reason; left untouched
+    /// on disk until a deploy or a rollback rebuilds their manifest.
+    damaged: Mutex<BTreeMap<String, String>>,
 }
 
 /// A model name usable as a directory name and in a URL: 1-128 characters of letters, digits,
@@ -140,16 +171,19 @@ pub fn check_relative_path(path: &str) -> Result<PathBuf, StoreError> {
     let parsed = Path::new(path);
     let fine = !path.is_empty()
         && !path.contains('\\')
+        && path.len() <= MAX_PATH_BYTES
         && parsed.components().all(|c| match c {
-            Component::Normal(part) => part.to_str().is_some_and(|p| !p.starts_with('.')),
+            Component::Normal(part) => part
+                .to_str()
+                .is_some_and(|p| !p.starts_with('.') && p.len() <= MAX_NAME_BYTES),
             _ => false,
         });
     if fine {
         Ok(parsed.to_owned())
     } else {
         Err(StoreError::Invalid(format!(
-            "invalid file path '{}': a relative path inside the model directory, without '..' or hidden names",
-            path.escape_debug()
+            "invalid file path '{}': a relative path inside the model directory, without '..' or hidden names, of at most {MAX_PATH_BYTES} bytes with names of at most {MAX_NAME_BYTES}",
+            tessera_core::infer::bounded(&path.escape_debug().to_string(), 300)
         )))
     }
 }
@@ -229,7 +263,8 @@ impl Store {
         }
         create_private_dir(&models)?;
         let mut manifests = BTreeMap::new();
-        scan_area(&models, None, &mut manifests)?;
+        let mut damaged = BTreeMap::new();
+        scan_area(&models, None, &mut manifests, &mut damaged)?;
         let tenants = root.join(TENANTS_DIR);
         if with_tenants && tenants.is_dir() {
             for entry in fs::read_dir(&tenants).map_err(io(&tenants))? {
@@ -239,7 +274,7 @@ impl Store {
                     && check_model_name(tenant).is_ok()
                     && area_dir.is_dir()
                 {
-                    scan_area(&area_dir, Some(tenant), &mut manifests)?;
+                    scan_area(&area_dir, Some(tenant), &mut manifests, &mut damaged)?;
                 }
             }
         }
@@ -248,7 +283,27 @@ impl Store {
             root: root.to_owned(),
             area,
             manifests: Mutex::new(manifests),
+            damaged: Mutex::new(damaged),
         })
+    }
+
+    /// Deployments whose manifest is damaged or missing, with the reason (see the module doc).
+    pub fn damaged(&self) -> BTreeMap<String, String> {
+        self.damaged_lock().clone()
+    }
+
+    /// Why `name` cannot serve from the store, if its manifest is damaged.
+    pub fn damage(&self, name: &str) -> Option<String> {
+        self.damaged_lock().get(name).cloned()
+    }
+
+    fn damaged_lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.damaged.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The revisions of `name` on disk, oldest first (what a damaged manifest is rebuilt from).
+    fn revisions_on_disk(&self, name: &str) -> Vec<u64> {
+        revisions_in(&self.model_dir(name))
     }
 
     pub fn root(&self) -> &Path {
@@ -383,6 +438,16 @@ impl Store {
                 }
             }
         }
+        let manifest_path = model_dir.join(MANIFEST);
+        if !self.manifests().contains_key(&staged.name)
+            && self.damage(&staged.name).is_none()
+            && !manifest_path.exists()
+        {
+            // A first deployment: an empty manifest before any revision, so that a model folder
+            // without one is never a normal state and start-up can tell a first deployment that
+            // did not complete (empty manifest: removed) from a lost manifest (kept).
+            self.write_manifest(&staged.name, &Manifest::default())?;
+        }
         let next = {
             let manifests = self.manifests();
             let in_manifest = manifests
@@ -410,7 +475,12 @@ impl Store {
     /// [`KEPT_REVISIONS`].
     pub fn publish(&self, name: &str, revision: u64, sha256: &str) -> Result<(), StoreError> {
         let mut manifests = self.manifests();
-        let mut manifest = manifests.get(name).cloned().unwrap_or_default();
+        let repairing = self.damage(name).is_some();
+        let mut manifest = if repairing {
+            self.rebuilt_manifest(name)?
+        } else {
+            manifests.get(name).cloned().unwrap_or_default()
+        };
         if !manifest.revisions.iter().any(|r| r.revision == revision) {
             manifest.revisions.push(Revision {
                 revision,
@@ -434,6 +504,14 @@ impl Store {
         self.write_manifest(name, &manifest)?;
         manifests.insert(name.to_owned(), manifest);
         drop(manifests);
+        if repairing {
+            self.damaged_lock().remove(name);
+            tracing::warn!(
+                model = name,
+                revision,
+                "the damaged manifest was rebuilt from the revisions on disk"
+            );
+        }
         // Removed after the manifest no longer names them; a crash in between leaves directories
         // that the next start removes.
         for revision in dropped {
@@ -466,7 +544,17 @@ impl Store {
     }
 
     /// The revision before the serving one.
+    /// For a damaged deployment, the newest revision on disk: rolling it back rebuilds its
+    /// manifest and serves that revision.
     pub fn previous(&self, name: &str) -> Result<(u64, PathBuf, String), StoreError> {
+        if self.damage(name).is_some() {
+            let newest = self
+                .revisions_on_disk(name)
+                .last()
+                .copied()
+                .ok_or_else(|| StoreError::NoEarlierRevision(name.to_owned()))?;
+            return Ok((newest, self.revision_dir(name, newest), String::new()));
+        }
         let manifests = self.manifests();
         let manifest = manifests
             .get(name)
@@ -498,9 +586,43 @@ impl Store {
             tracing::warn!(model = name, "cannot remove {}: {e}", dir.display());
         }
         let model_dir = self.model_dir(name);
-        if !self.manifests().contains_key(name) {
+        if !self.manifests().contains_key(name)
+            && self.damage(name).is_none()
+            && revisions_in(&model_dir).is_empty()
+        {
+            // A first deployment that failed: its empty manifest goes with it.
+            let _ = fs::remove_file(model_dir.join(MANIFEST));
             let _ = fs::remove_dir(&model_dir);
         }
+    }
+
+    /// A manifest for a damaged deployment, from the revisions on disk (their hashes unknown),
+    /// with the damaged file kept beside it for inspection.
+    fn rebuilt_manifest(&self, name: &str) -> Result<Manifest, StoreError> {
+        let path = self.model_dir(name).join(MANIFEST);
+        if fs::symlink_metadata(&path).is_ok() {
+            let aside = path.with_extension(format!("json.damaged-{}", now_unix()));
+            fs::rename(&path, &aside).map_err(io(&path))?;
+            tracing::warn!(
+                model = name,
+                "kept the damaged manifest as {}",
+                aside.display()
+            );
+        }
+        let revisions = self
+            .revisions_on_disk(name)
+            .into_iter()
+            .map(|revision| Revision {
+                revision,
+                sha256: String::new(),
+                deployed_at: 0,
+            })
+            .collect();
+        Ok(Manifest {
+            current: 0,
+            loaded: true,
+            revisions,
+        })
     }
 
     fn write_manifest(&self, name: &str, manifest: &Manifest) -> Result<(), StoreError> {
@@ -510,11 +632,58 @@ impl Store {
     }
 }
 
-/// Reads the manifests of one area folder (`models/` or a tenant's), removing what a crash left.
+/// The numbered revision directories in a model folder, oldest first.
+fn revisions_in(dir: &Path) -> Vec<u64> {
+    let mut revisions: Vec<u64> = fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    revisions.sort_unstable();
+    revisions
+}
+
+/// What start-up finds of one model folder's manifest.
+enum Found {
+    Manifest(Manifest),
+    /// No manifest file.
+    Missing,
+    /// The empty manifest a first deployment writes before its revision: that deployment never
+    /// completed.
+    Empty,
+    /// It cannot be read or parsed: why.
+    Damaged(String),
+}
+
+fn read_manifest(path: &Path) -> Found {
+    match fs::read(path) {
+        Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
+            Ok(m) if m.revisions.is_empty() && m.current == 0 => Found::Empty,
+            Ok(m) if !m.revisions.iter().any(|r| r.revision == m.current) => {
+                Found::Damaged(format!(
+                    "its manifest names revision {} but does not keep it",
+                    m.current
+                ))
+            }
+            Ok(m) => Found::Manifest(m),
+            Err(e) => Found::Damaged(format!("its manifest cannot be parsed ({e})")),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Found::Missing,
+        Err(e) => Found::Damaged(format!("its manifest cannot be read ({})", e.kind())),
+    }
+}
+
+/// Reads the manifests of one area folder (`models/` or a tenant's), removing what a crash left
+/// that provably never was acknowledged, and recording damaged deployments untouched.
 fn scan_area(
     models: &Path,
     tenant: Option<&str>,
     manifests: &mut BTreeMap<String, Manifest>,
+    damaged: &mut BTreeMap<String, String>,
 ) -> Result<(), StoreError> {
     for entry in fs::read_dir(models).map_err(io(models))? {
         let entry = entry.map_err(io(models))?;
@@ -526,45 +695,47 @@ fn scan_area(
             continue;
         }
         let name = crate::namespace::qualify(tenant, &file_name);
-        let manifest_path = dir.join(MANIFEST);
-        let manifest: Option<Manifest> =
-            match fs::read(&manifest_path) {
-                Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
-                    StoreError::Invalid(format!("{}: {e}", manifest_path.display()))
-                })?),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(io(&manifest_path)(e)),
-            };
-        // Revisions the manifest does not name never were acknowledged.
-        for child in fs::read_dir(&dir).map_err(io(&dir))? {
-            let child = child.map_err(io(&dir))?;
-            let named = child
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u64>().ok())
-                .is_some_and(|r| {
-                    manifest
-                        .as_ref()
-                        .is_some_and(|m| m.revisions.iter().any(|x| x.revision == r))
-                });
-            if !named && child.file_name() != MANIFEST {
-                let path = child.path();
-                tracing::info!(model = %name, "removing {} (a deployment that was not completed)", path.display());
-                if path.is_dir() {
-                    fs::remove_dir_all(&path).map_err(io(&path))?;
-                } else {
-                    fs::remove_file(&path).map_err(io(&path))?;
-                }
-            }
-        }
-        match manifest {
-            Some(m) => {
-                manifests.insert(name, m);
-            }
-            None => {
+        let revisions = revisions_in(&dir);
+        let manifest = match read_manifest(&dir.join(MANIFEST)) {
+            Found::Manifest(m) => m,
+            Found::Empty => {
+                tracing::info!(model = %name, "removing {} (a first deployment that was not completed)", dir.display());
                 fs::remove_dir_all(&dir).map_err(io(&dir))?;
+                continue;
+            }
+            Found::Missing if revisions.is_empty() => {
+                tracing::info!(model = %name, "removing {} (a first deployment that was not completed)", dir.display());
+                fs::remove_dir_all(&dir).map_err(io(&dir))?;
+                continue;
+            }
+            Found::Missing => {
+                let reason = format!(
+                    "the deployment store has revisions {revisions:?} of it but no manifest naming the one that serves; nothing was removed: deploy it again or roll it back to serve the newest"
+                );
+                tracing::error!(model = %name, folder = %dir.display(), "{reason}");
+                damaged.insert(name, reason);
+                continue;
+            }
+            Found::Damaged(why) => {
+                let reason = format!(
+                    "the deployment store cannot serve it: {why}; its revisions {revisions:?} are kept: deploy it again or roll it back to serve the newest"
+                );
+                tracing::error!(model = %name, folder = %dir.display(), "{reason}");
+                damaged.insert(name, reason);
+                continue;
+            }
+        };
+        // Revisions the manifest does not name were committed but never published, so never
+        // acknowledged; so is the manifest's own temporary file. Anything else is left alone.
+        for revision in revisions {
+            if !manifest.revisions.iter().any(|r| r.revision == revision) {
+                let path = dir.join(revision.to_string());
+                tracing::info!(model = %name, "removing {} (a deployment that was not completed)", path.display());
+                fs::remove_dir_all(&path).map_err(io(&path))?;
             }
         }
+        let _ = fs::remove_file(dir.join(format!(".{MANIFEST}.tmp")));
+        manifests.insert(name, manifest);
     }
     sync_dir(models)
 }
@@ -657,5 +828,141 @@ mod tests {
             .expect("commits");
         assert_eq!(next, 8, "after the newest published revision");
         fs::remove_dir_all(&root).expect("cleans up");
+    }
+
+    /// Two published revisions of `m` in a fresh store at `root`.
+    fn deployed_twice(root: &Path) -> Store {
+        let store = Store::open(root, "models", false).expect("opens");
+        for n in 1..=2u8 {
+            let files = [(PathBuf::from("1/model.wasm"), bytes::Bytes::from(vec![n]))];
+            let (r, _) = store
+                .commit(store.stage("m", &files).expect("stages"))
+                .expect("commits");
+            store.publish("m", r, &format!("h{n}")).expect("publishes");
+        }
+        store
+    }
+
+    #[test]
+    fn a_damaged_manifest_is_reported_and_kept_not_fatal() {
+        type Damage = (&'static str, fn(&Path));
+        let damage: [Damage; 4] = [
+            ("empty", |p| fs::write(p, b"").expect("writes")),
+            ("truncated", |p| {
+                let text = fs::read(p).expect("reads");
+                fs::write(p, &text[..text.len() / 2]).expect("writes")
+            }),
+            ("wrong-typed", |p| {
+                fs::write(p, br#"{"current": "two", "loaded": 1, "revisions": {}}"#)
+                    .expect("writes")
+            }),
+            ("a directory", |p| {
+                fs::remove_file(p).expect("removes");
+                fs::create_dir(p).expect("makes a directory")
+            }),
+        ];
+        for (what, break_it) in damage {
+            let root = scratch("damaged");
+            drop(deployed_twice(&root));
+            let manifest = root.join("models/m").join(MANIFEST);
+            break_it(&manifest);
+            let store =
+                Store::open(&root, "models", false).expect("a damaged manifest is not fatal");
+            assert!(store.manifest("m").is_none(), "{what}");
+            let reason = store
+                .damage("m")
+                .unwrap_or_else(|| panic!("{what}: not reported"));
+            assert!(reason.contains("[1, 2]"), "{what}: {reason}");
+            for r in [1, 2] {
+                assert!(
+                    store.revision_dir("m", r).exists(),
+                    "{what}: revision {r} kept"
+                );
+            }
+            // A rollback serves the newest revision on disk and rebuilds the manifest.
+            let (newest, _, _) = store.previous("m").expect("newest on disk");
+            assert_eq!(newest, 2, "{what}");
+            store.publish("m", newest, "").expect("repairs");
+            assert!(store.damage("m").is_none(), "{what}");
+            drop(store);
+            let store = Store::open(&root, "models", false).expect("reopens");
+            let m = store.manifest("m").expect("repaired");
+            assert_eq!((m.current, m.revisions.len()), (2, 2), "{what}");
+            assert_eq!(store.previous("m").expect("an earlier one").0, 1, "{what}");
+            let aside = fs::read_dir(root.join("models/m"))
+                .expect("lists")
+                .flatten()
+                .any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with("manifest.json.damaged-")
+                });
+            assert!(aside, "{what}: the damaged manifest is kept beside");
+            fs::remove_dir_all(&root).expect("cleans up");
+        }
+    }
+
+    #[test]
+    fn a_missing_manifest_keeps_acknowledged_revisions() {
+        let root = scratch("missing");
+        drop(deployed_twice(&root));
+        fs::remove_file(root.join("models/m").join(MANIFEST)).expect("removes");
+        let store = Store::open(&root, "models", false).expect("opens");
+        assert!(store.damage("m").is_some_and(|r| r.contains("no manifest")));
+        assert!(store.revision_dir("m", 1).exists() && store.revision_dir("m", 2).exists());
+        // Deploying again repairs it, after the revisions on disk.
+        let (next, _) = store
+            .commit(store.stage("m", &[]).expect("stages"))
+            .expect("commits");
+        assert_eq!(next, 3);
+        store.publish("m", next, "h3").expect("publishes");
+        let m = store.manifest("m").expect("repaired");
+        assert_eq!(
+            m.revisions.iter().map(|r| r.revision).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        fs::remove_dir_all(&root).expect("cleans up");
+    }
+
+    #[test]
+    fn a_first_deployment_that_never_completed_is_removed() {
+        let root = scratch("first");
+        let store = Store::open(&root, "models", false).expect("opens");
+        // A crash after the commit of a first deployment, before its publish.
+        let (_, dir) = store
+            .commit(store.stage("m", &[]).expect("stages"))
+            .expect("commits");
+        assert!(dir.exists());
+        drop(store);
+        let store = Store::open(&root, "models", false).expect("reopens");
+        assert!(store.damage("m").is_none() && store.manifest("m").is_none());
+        assert!(
+            !root.join("models/m").exists(),
+            "never acknowledged: removed"
+        );
+        // A failed first deployment leaves nothing either.
+        let (r, _) = store
+            .commit(store.stage("n", &[]).expect("stages"))
+            .expect("commits");
+        store.discard("n", r);
+        assert!(!root.join("models/n").exists());
+        fs::remove_dir_all(&root).expect("cleans up");
+    }
+
+    #[test]
+    fn long_file_names_are_refused_before_the_disk() {
+        let long = "a".repeat(256);
+        assert!(check_relative_path(&format!("1/{long}")).is_err());
+        assert!(check_relative_path(&"a/".repeat(600)).is_err());
+        assert!(check_relative_path(&"a".repeat(255)).is_ok());
+        let e = StoreError::Io {
+            path: PathBuf::from("/srv/secret/store"),
+            source: std::io::Error::from_raw_os_error(libc::ENAMETOOLONG),
+        };
+        let shown = e.for_client();
+        assert!(
+            !shown.contains("/srv") && !shown.contains("File name too long"),
+            "{shown}"
+        );
     }
 }

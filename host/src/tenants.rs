@@ -49,7 +49,9 @@ pub enum TenantError {
         "tenancy is off: start the server with an admin key (TESSERA_ADMIN_KEY or --admin-key-file) to manage tenants"
     )]
     Disabled,
-    #[error(transparent)]
+    /// The registry's disk write failed; the client reads [`StoreError::for_client`], the log
+    /// the whole error.
+    #[error("{}", .0.for_client())]
     Store(#[from] StoreError),
 }
 

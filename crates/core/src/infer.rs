@@ -87,6 +87,28 @@ pub enum ErrorKind {
     Internal,
 }
 
+/// The longest error message a client is sent, on every protocol. Messages quote what the client
+/// sent (names, shapes), and gRPC carries them in a header that clients refuse past a few KiB
+/// ("stream removed"), so anything longer is cut with a note of how much was left out.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 4096;
+
+/// `text` cut to at most `max` bytes (at a character boundary), saying how much was left out.
+pub fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let note = format!("... ({} more bytes)", text.len());
+    let mut end = max.saturating_sub(note.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}... ({} more bytes)",
+        &text[..end],
+        text.len() - end
+    ))
+}
+
 /// A failed inference, with a message meant for the client.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{message}")]
@@ -283,4 +305,23 @@ pub trait Inference: Send + Sync + 'static {
         model: &str,
         version: Option<i64>,
     ) -> Result<ModelMetadata, InferError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_bounded_at_a_character_boundary() {
+        assert_eq!(bounded("short", 4096), "short");
+        let long = "é".repeat(10_000);
+        let cut = bounded(&long, MAX_ERROR_MESSAGE_BYTES);
+        assert!(cut.len() <= MAX_ERROR_MESSAGE_BYTES, "{}", cut.len());
+        assert!(cut.ends_with("more bytes)"), "{cut}");
+        let kept = cut.split("...").next().map_or(0, str::len);
+        assert_eq!(
+            cut,
+            format!("{}... ({} more bytes)", &long[..kept], long.len() - kept)
+        );
+    }
 }

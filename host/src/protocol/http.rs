@@ -929,7 +929,10 @@ fn tenant_error(e: &crate::tenants::TenantError) -> Response {
         TenantError::NotFound(_) => StatusCode::NOT_FOUND,
         TenantError::Conflict(_) => StatusCode::CONFLICT,
         TenantError::Invalid(_) | TenantError::Disabled => StatusCode::BAD_REQUEST,
-        TenantError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        TenantError::Store(inner) => {
+            tracing::error!("tenant registry: {inner}");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
     };
     (status, axum::Json(json!({ "error": e.to_string() }))).into_response()
 }
