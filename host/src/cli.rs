@@ -28,8 +28,14 @@ fn client() -> anyhow::Result<reqwest::Client> {
         .context("cannot create an HTTP client")
 }
 
+/// `server` may be a URL or, as tritonclient takes it, `host:port` (then plain HTTP).
 fn url(server: &str, path: &str) -> String {
-    format!("{}{path}", server.trim_end_matches('/'))
+    let server = server.trim_end_matches('/');
+    if server.contains("://") {
+        format!("{server}{path}")
+    } else {
+        format!("http://{server}{path}")
+    }
 }
 
 /// Sends a POST with a JSON body; an error answer becomes an error with the server's message.
@@ -444,5 +450,18 @@ pub mod tenants {
             println!("tenant '{tenant}' may no longer call '{model}'");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_server_is_a_url_or_host_and_port() {
+        assert_eq!(
+            super::url("localhost:8000", "/v2"),
+            "http://localhost:8000/v2"
+        );
+        assert_eq!(super::url("http://h:1/", "/v2"), "http://h:1/v2");
+        assert_eq!(super::url("https://h", "/v2"), "https://h/v2");
     }
 }

@@ -9,6 +9,10 @@
 //! | `--max-call-depth` / `TESSERA_MAX_CALL_DEPTH` | calls | 8 | nesting of BLS calls and ensembles (a handler calling a model that calls a model...). Every level holds an instance while it waits. |
 //! | `--ensemble-concurrency` / `TESSERA_ENSEMBLE_CONCURRENCY` | requests | 256 | requests one ensemble runs at once; each waits on its steps' queues, so this bounds the ensemble's share of the in-flight work, not CPU. |
 //! | `--drain-timeout-ms` / `TESSERA_DRAIN_TIMEOUT_MS` | ms | 10 000 | at shutdown, how long queued work and handlers' `finalize` may take before the process exits. |
+//! | `--exit-timeout-secs` / `TESSERA_EXIT_TIMEOUT_SECS` | s | 30 | at shutdown (SIGTERM, Ctrl-C), how long open connections may take to finish their requests before they are closed (Triton's flag and default). Readiness drops at once. |
+//! | `--max-connections` / `TESSERA_MAX_CONNECTIONS` | connections | 4 096 | open connections per listener (HTTP, gRPC, metrics); past it the listener stops accepting until one closes. The soft file-descriptor limit is raised to the hard one at start so the bound, not the OS, decides. |
+//! | `--http-header-read-timeout-secs` / `TESSERA_HTTP_HEADER_READ_TIMEOUT_SECS` | s | 10 | an HTTP request's headers (and a gRPC connection's HTTP/2 preface) must arrive within this; an idle keep-alive connection is closed after it too. A slowloris costs a socket for this long. |
+//! | `--http-body-read-timeout-secs` / `TESSERA_HTTP_BODY_READ_TIMEOUT_SECS` | s | 120 | an HTTP request body must arrive in full within this (408 otherwise), however slowly it trickles; large deployments over slow links need more. |
 //! | `--epoch-tick-ms` / `TESSERA_EPOCH_TICK_MS` | ms | 5 | how often a running Wasm guest is interrupted to check its deadline and yield the thread: the granularity of `execute_deadline_ms`. Shorter costs more interrupts. |
 //! | `--wasm-pool-instances` / `TESSERA_WASM_POOL_INSTANCES` | instances | 1 000 | Wasm instances alive at once, all models together (the pooling allocator's slots; each handler instance takes one). |
 //! | `--wasm-max-memory-bytes` / `TESSERA_WASM_MAX_MEMORY_BYTES` | bytes | 4 GiB | the largest `max_memory_bytes` a handler may be given. The pool reserves address space (not memory) for it in every memory slot (two per instance slot), so the reservation is about 2 × instances × this; lower both under `ulimit -v` or in containers that cap address space. |
@@ -33,6 +37,26 @@ pub struct ServerLimits {
     /// Milliseconds queued work and handlers' finalize may take at shutdown.
     #[arg(long, env = "TESSERA_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     pub drain_timeout_ms: u64,
+    /// Seconds open connections may take to finish at shutdown before they are closed.
+    #[arg(long, env = "TESSERA_EXIT_TIMEOUT_SECS", default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+    /// Open connections per listener (HTTP, gRPC, metrics).
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Seconds an HTTP request's headers (or a gRPC connection's preface) may take to arrive.
+    #[arg(
+        long,
+        env = "TESSERA_HTTP_HEADER_READ_TIMEOUT_SECS",
+        default_value_t = 10
+    )]
+    pub http_header_read_timeout_secs: u64,
+    /// Seconds an HTTP request body may take to arrive in full (408 beyond).
+    #[arg(
+        long,
+        env = "TESSERA_HTTP_BODY_READ_TIMEOUT_SECS",
+        default_value_t = 120
+    )]
+    pub http_body_read_timeout_secs: u64,
     /// Milliseconds between interruptions of a running Wasm guest.
     #[arg(long, env = "TESSERA_EPOCH_TICK_MS", default_value_t = 5)]
     pub epoch_tick_ms: u64,
@@ -52,6 +76,10 @@ impl Default for ServerLimits {
             max_call_depth: 8,
             ensemble_concurrency: 256,
             drain_timeout_ms: 10_000,
+            exit_timeout_secs: 30,
+            max_connections: 4096,
+            http_header_read_timeout_secs: 10,
+            http_body_read_timeout_secs: 120,
             epoch_tick_ms: 5,
             wasm_pool_instances: 1000,
             wasm_max_memory_bytes: 4 << 30,
@@ -62,6 +90,16 @@ impl Default for ServerLimits {
 impl ServerLimits {
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    /// The bounds the listeners apply to connections.
+    pub fn connections(&self) -> crate::protocol::listen::ConnectionLimits {
+        crate::protocol::listen::ConnectionLimits {
+            max_connections: self.max_connections.max(1),
+            header_read_timeout: Duration::from_secs(self.http_header_read_timeout_secs.max(1)),
+            body_read_timeout: Duration::from_secs(self.http_body_read_timeout_secs.max(1)),
+            exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+        }
     }
 
     pub fn epoch_tick(&self) -> Duration {
@@ -94,6 +132,16 @@ impl ServerLimits {
             format!("max_call_depth\t{}", self.max_call_depth),
             format!("ensemble_concurrency\t{}", self.ensemble_concurrency),
             format!("drain_timeout_ms\t{}", self.drain_timeout_ms),
+            format!("exit_timeout_secs\t{}", self.exit_timeout_secs),
+            format!("max_connections\t{}", self.max_connections),
+            format!(
+                "http_header_read_timeout_secs\t{}",
+                self.http_header_read_timeout_secs
+            ),
+            format!(
+                "http_body_read_timeout_secs\t{}",
+                self.http_body_read_timeout_secs
+            ),
             format!("epoch_tick_ms\t{}", self.epoch_tick_ms),
             format!("wasm_pool_instances\t{}", self.wasm_pool_instances),
             format!("wasm_max_memory_bytes\t{}", self.wasm_max_memory_bytes),

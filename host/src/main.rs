@@ -132,8 +132,9 @@ struct UnloadArgs {
 
 #[derive(Args, Debug, Clone)]
 struct RepositoryArgs {
-    /// Model repository path; give it several times to serve several repositories.
-    #[arg(long = "model-repository", required = true)]
+    /// Model repository path; give it several times to serve several repositories. A server
+    /// may start without one and serve only what is deployed to its store.
+    #[arg(long = "model-repository")]
     model_repository: Vec<PathBuf>,
     /// Require complete `config.pbtxt` files; `false` derives inputs, outputs and
     /// max_batch_size of ONNX models from the model file (Triton's auto-complete).
@@ -165,6 +166,19 @@ struct RepositoryArgs {
     /// Log detail: 0 = info, 1 = debug, 2 and more = trace. `RUST_LOG` overrides.
     #[arg(long, default_value_t = 0)]
     log_verbose: u8,
+}
+
+impl RepositoryArgs {
+    /// Every flag at its default (and its environment variable): a server started with none of
+    /// the repository flags.
+    fn parse_from_defaults() -> Result<RepositoryArgs, clap::Error> {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            repository: RepositoryArgs,
+        }
+        Only::try_parse_from(["tessera"]).map(|o| o.repository)
+    }
 }
 
 /// `tessera check`: the repository flags and the limits it would serve with.
@@ -377,14 +391,50 @@ fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("tessera").join("wasm"))
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    // The connections the drain closed are gone; a blocking task still running (a model load
+    // on a blocking thread) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     // One clear line per error, with its causes, and a non-zero exit code.
-    match run(Cli::parse()).await {
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one, so that `--max-connections`, not the
+/// common default of 1 024 descriptors, bounds the connections.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct passed, nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                tracing::debug!(
+                    "cannot raise the open-file limit: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
         }
     }
 }
@@ -410,11 +460,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         None => {
-            let args = cli
-                .serve
-                .repository
-                .clone()
-                .context("--model-repository is required")?;
+            let args = cli.serve.repository.clone().unwrap_or_else(|| {
+                RepositoryArgs::parse_from_defaults().unwrap_or_else(|e| e.exit())
+            });
             serve(args, cli.serve).await
         }
     }
@@ -429,6 +477,10 @@ async fn start_core(args: &RepositoryArgs, options: ServerOptions) -> anyhow::Re
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.repository.model_repository.is_empty(),
+        "tessera check needs --model-repository"
+    );
     let options = server_options(&args.repository, &args.limits, true, false);
     let server = start_core(&args.repository, options).await?;
     for line in server.limits().describe() {
@@ -501,6 +553,10 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             broken.len()
         );
     }
+    raise_open_file_limit();
+    let connections = serve.limits.connections();
+    // One signal stops every listener; readiness drops first.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let addr: SocketAddr = format!("{}:{}", serve.http_address, serve.http_port)
         .parse()
         .with_context(|| format!("invalid --http-address '{}'", serve.http_address))?;
@@ -508,6 +564,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     tracing::info!("KServe v2 HTTP on {}", listener.local_addr()?);
+    let mut front_ends = tokio::task::JoinSet::new();
     if serve.allow_metrics {
         let metrics_addr: SocketAddr =
             format!("{}:{}", serve.http_address, serve.metrics_port).parse()?;
@@ -521,25 +578,14 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         let admin_only = server.tenants().enabled() && serve.metrics_auth == "admin";
         let metrics_app =
             tessera::protocol::http::metrics_router(server.clone(), summaries, admin_only);
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(metrics_listener, metrics_app).await {
-                tracing::error!("metrics server failed: {e}");
-            }
-        });
+        front_ends.spawn(tessera::protocol::listen::serve_http(
+            metrics_listener,
+            metrics_app,
+            connections.clone(),
+            stopped.clone(),
+        ));
     }
-    // One signal stops every listener.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop.send(true);
-    });
-    let until_stopped = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    };
-    let grpc = if serve.allow_grpc {
+    if serve.allow_grpc {
         let grpc_addr: SocketAddr = format!("{}:{}", serve.grpc_address, serve.grpc_port)
             .parse()
             .with_context(|| format!("invalid --grpc-address '{}'", serve.grpc_address))?;
@@ -552,46 +598,57 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             serve.http_max_input_size,
             serve.verbose_errors,
         );
-        // Without TCP_NODELAY on each connection, answers wait on delayed ACKs (40 ms).
         let incoming =
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
-        let grpc_stopped = until_stopped();
-        Some(tokio::spawn(async move {
+            tessera::protocol::listen::grpc_incoming(grpc_listener, &connections, stopped.clone());
+        let (mut grpc_stopped, mut drain_started) = (stopped.clone(), stopped.clone());
+        let exit_timeout = connections.exit_timeout;
+        front_ends.spawn(async move {
             let served = tonic::transport::Server::builder()
                 // Tensors are large: grow HTTP/2 flow-control windows with the measured
                 // bandwidth instead of stalling on 64 KiB ones.
                 .http2_adaptive_window(Some(true))
+                // Room to read a large header block and refuse the call (GrpcBounds), rather
+                // than h2 dropping the whole connection past its 16 KiB default.
+                .http2_max_header_list_size(tessera::protocol::grpc::MAX_HEADER_LIST_BYTES)
+                .layer(tessera::protocol::grpc::GrpcBoundsLayer)
                 .add_service(inference)
                 .add_service(health)
-                .serve_with_incoming_shutdown(incoming, grpc_stopped)
-                .await;
-            if let Err(e) = served {
-                tracing::error!("gRPC server failed: {e}");
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = grpc_stopped.wait_for(|s| *s).await;
+                });
+            // tonic waits for every connection to close; the drain is bounded here.
+            let drained = async {
+                let _ = drain_started.wait_for(|s| *s).await;
+                tokio::time::sleep(exit_timeout).await;
+            };
+            tokio::select! {
+                served = served => {
+                    if let Err(e) = served {
+                        tracing::error!("gRPC server failed: {e}");
+                    }
+                }
+                () = drained => {
+                    tracing::warn!("closing gRPC connections still open after --exit-timeout-secs");
+                }
             }
-        }))
-    } else {
-        None
-    };
+        });
+    }
     let app = tessera::protocol::http::router(
         server.clone(),
         serve.http_max_input_size,
         serve.verbose_errors,
     );
-    // Without TCP_NODELAY, a response written in parts (a function's head, then its streamed
-    // body) waits on the client's delayed ACK: 40 ms stalls at the tail.
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(until_stopped())
-        .await
-        .context("HTTP server failed")?;
-    if let Some(grpc) = grpc {
-        let _ = grpc.await;
-    }
+    front_ends.spawn(tessera::protocol::listen::serve_http(
+        listener,
+        app,
+        connections,
+        stopped,
+    ));
+    shutdown_signal().await;
+    server.begin_shutdown();
+    let _ = stop.send(true);
+    // Each front-end drains within --exit-timeout-secs.
+    while front_ends.join_next().await.is_some() {}
     tracing::info!("shutting down");
     // Let queued work finish and handlers' `finalize` run before the process exits.
     server.shutdown().await;

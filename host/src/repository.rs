@@ -1250,6 +1250,9 @@ fn prepare(
             Err(e) => return fail(entry, e.to_string()),
         }
     }
+    if let Some(reason) = config::unsupported_settings(&config) {
+        return fail(entry, reason);
+    }
     for ignored in config::ignored_settings(&config) {
         tracing::warn!(
             model = name,

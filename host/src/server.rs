@@ -158,6 +158,8 @@ pub struct Server {
     gpu_metrics: Option<crate::device::nvml::GpuMetrics>,
     /// This server as the functions' request path.
     functions_inference: Weak<dyn Inference>,
+    /// Set when shutdown begins: readiness drops before anything else stops.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// The statistics of one model version.
@@ -254,6 +256,7 @@ impl Server {
                 shared_memory: crate::shm::SharedMemory::default(),
                 functions_inference: me.clone(),
                 gpu_metrics,
+                stopping: std::sync::atomic::AtomicBool::new(false),
             }
         });
         let startup = match (&server.options.startup_models, server.options.control_mode) {
@@ -850,9 +853,18 @@ impl Server {
         true
     }
 
-    /// Readiness, as Triton defines it.
+    /// Readiness, as Triton defines it; false from the moment shutdown begins.
     pub fn ready(&self) -> bool {
-        !self.options.strict_readiness || self.repository.all_ready()
+        !self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+            && (!self.options.strict_readiness || self.repository.all_ready())
+    }
+
+    /// Shutdown begins: readiness drops at once, so a load balancer stops sending work while
+    /// the front-ends drain.
+    pub fn begin_shutdown(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!("shutting down: readiness dropped, draining connections");
     }
 
     /// Invokes a function with an HTTP request whose URI is what the function sees. A tenant's

@@ -187,6 +187,23 @@ impl RegionReader for NoSharedMemory {
 
 /// The number of classes an output asks for (its `classification` parameter, as tritonclient
 /// sends `class_count`; 0: the tensor itself).
+/// A model version named in a URL or a gRPC field: `""` is the newest (None); anything else must
+/// be a positive integer, refused in Triton's words (clients match on them).
+pub fn parse_model_version(version: &str) -> Result<Option<i64>, InferError> {
+    if version.is_empty() {
+        return Ok(None);
+    }
+    match version.parse::<i64>() {
+        Ok(v) if v > 0 => Ok(Some(v)),
+        Ok(_) => Err(InferError::invalid(format!(
+            "invalid model version specified '{version}' , version should be an integral value > 0"
+        ))),
+        Err(_) => Err(InferError::invalid(format!(
+            "failed to get model version from specified version string '{version}' (details: stol), version should be an integral value > 0"
+        ))),
+    }
+}
+
 pub fn class_count_parameter(params: &BTreeMap<String, ParamValue>) -> Result<u32, InferError> {
     let count = param_u64_in(params.get("classification"), "classification")?
         .or(param_u64_in(params.get("class_count"), "class_count")?)
@@ -783,6 +800,23 @@ pub fn encode_response_placed(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn model_versions_are_refused_in_tritons_words() {
+        assert_eq!(parse_model_version(""), Ok(None));
+        assert_eq!(parse_model_version("3"), Ok(Some(3)));
+        let message = |v: &str| parse_model_version(v).err().map(|e| e.message);
+        assert_eq!(
+            message("wrong_specification").as_deref(),
+            Some(
+                "failed to get model version from specified version string 'wrong_specification' (details: stol), version should be an integral value > 0"
+            )
+        );
+        assert!(
+            message("-1").is_some_and(|m| m.starts_with("invalid model version specified '-1'"))
+        );
+        assert!(message("0").is_some());
+    }
+
     use super::*;
 
     fn decode(body: &[u8], header_length: Option<usize>) -> Result<InferRequest, InferError> {

@@ -130,18 +130,7 @@ fn control_status(e: &ControlError) -> Status {
     Status::new(code, e.to_string())
 }
 
-/// `""` is the newest version; anything else must be a positive integer.
-fn parse_version(version: &str) -> Result<Option<i64>, InferError> {
-    if version.is_empty() {
-        return Ok(None);
-    }
-    version
-        .parse::<i64>()
-        .ok()
-        .filter(|&v| v > 0)
-        .map(Some)
-        .ok_or_else(|| InferError::invalid(format!("'{version}' is not a valid model version")))
-}
+use tessera_core::kserve::parse_model_version as parse_version;
 
 impl Grpc {
     /// Who sent `request` (its `authorization` metadata); without tenancy, the operator.
@@ -312,7 +301,11 @@ impl GrpcInferenceService for Grpc {
                             infer_response: Some(response),
                         },
                         Err(e) => pb::ModelStreamInferResponse {
-                            error_message: e.message,
+                            error_message: tessera_core::infer::bounded(
+                                &e.message,
+                                tessera_core::infer::MAX_ERROR_MESSAGE_BYTES,
+                            )
+                            .into_owned(),
                             // The request id, so the client can tell which request failed.
                             infer_response: Some(pb::ModelInferResponse {
                                 id,
@@ -915,5 +908,190 @@ mod tests {
         );
         assert_eq!(encoded.outputs[0].datatype, "BYTES");
         Ok(())
+    }
+}
+
+/// The largest header block HTTP/2 reads before refusing a whole connection; above
+/// [`MAX_METADATA_BYTES`] and below this, only the call is refused.
+pub const MAX_HEADER_LIST_BYTES: u32 = 256 * 1024;
+
+/// The largest request metadata (headers) a call may carry, counted as HTTP/2 does (name, value
+/// and 32 bytes each); beyond it the call is RESOURCE_EXHAUSTED, as gRPC's own servers answer.
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+/// Bounds what crosses the gRPC boundary, for every RPC and whatever produced the status:
+/// request metadata ([`MAX_METADATA_BYTES`]), status messages
+/// ([`tessera_core::infer::MAX_ERROR_MESSAGE_BYTES`], since clients drop a response whose
+/// header is too large and report only "stream removed"), and the code of an oversized message
+/// (tonic says OUT_OF_RANGE; gRPC's status table and Triton say RESOURCE_EXHAUSTED).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcBoundsLayer;
+
+impl<S> tower_layer::Layer<S> for GrpcBoundsLayer {
+    type Service = GrpcBounds<S>;
+
+    fn layer(&self, inner: S) -> GrpcBounds<S> {
+        GrpcBounds { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct GrpcBounds<S> {
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S, B, ResBody> tower_service::Service<http::Request<B>> for GrpcBounds<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let metadata: usize = request
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 32)
+            .sum();
+        if metadata > MAX_METADATA_BYTES {
+            let status = Status::resource_exhausted(format!(
+                "the request metadata holds {metadata} bytes, over the limit of {MAX_METADATA_BYTES}"
+            ));
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            use http_body_util::BodyExt;
+            let (mut parts, body) = answer.await?.into_parts();
+            bound_status(&mut parts.headers);
+            let body = body.map_frame(|frame| match frame.into_trailers() {
+                Ok(mut trailers) => {
+                    bound_status(&mut trailers);
+                    http_body::Frame::trailers(trailers)
+                }
+                Err(frame) => frame,
+            });
+            Ok(http::Response::from_parts(
+                parts,
+                tonic::body::Body::new(body),
+            ))
+        })
+    }
+}
+
+/// Applies [`GrpcBoundsLayer`]'s rules to the status in `headers` (or trailers), if any.
+fn bound_status(headers: &mut http::HeaderMap) {
+    const TOO_LARGE: &[&str] = &[
+        "Error, decoded message length too large",
+        "Error, encoded message length too large",
+    ];
+    let message = headers
+        .get("grpc-message")
+        .map(|m| percent_decode(m.as_bytes()));
+    if headers.get("grpc-status").is_some_and(|c| c == "11")
+        && message
+            .as_deref()
+            .is_some_and(|m| TOO_LARGE.iter().any(|p| m.starts_with(p)))
+    {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from_static(RESOURCE_EXHAUSTED),
+        );
+    }
+    if let Some(message) = message
+        && message.len() > tessera_core::infer::MAX_ERROR_MESSAGE_BYTES
+    {
+        let bounded =
+            tessera_core::infer::bounded(&message, tessera_core::infer::MAX_ERROR_MESSAGE_BYTES);
+        if let Ok(value) = http::HeaderValue::from_str(&percent_encode(&bounded)) {
+            headers.insert("grpc-message", value);
+        }
+    }
+}
+
+/// `Code::ResourceExhausted` as the header value.
+const RESOURCE_EXHAUSTED: &str = "8";
+
+/// gRPC's percent-decoding of `grpc-message` (invalid escapes are kept as they are).
+fn percent_decode(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push(((hex(h).unwrap_or(0) << 4) | hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// gRPC's percent-encoding for `grpc-message`: printable ASCII but `%` stays, the rest is
+/// escaped byte by byte.
+fn percent_encode(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for &b in text.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+
+    #[test]
+    fn long_status_messages_are_bounded_and_oversized_messages_are_resource_exhausted() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-status", http::HeaderValue::from_static("3"));
+        let long = format!("bad shape [{}]", "1,".repeat(200_000));
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_str(&percent_encode(&long)).expect("ascii"),
+        );
+        bound_status(&mut headers);
+        let shown = headers.get("grpc-message").map(|m| m.len()).unwrap_or(0);
+        assert!(
+            shown <= 3 * tessera_core::infer::MAX_ERROR_MESSAGE_BYTES,
+            "{shown}"
+        );
+        assert!(shown > 1000);
+
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-status", http::HeaderValue::from_static("11"));
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_static(
+                "Error, decoded message length too large: found 9 bytes, the limit is: 4 bytes",
+            ),
+        );
+        bound_status(&mut headers);
+        assert_eq!(headers["grpc-status"], RESOURCE_EXHAUSTED);
+        assert_eq!(percent_decode(b"a%20b%zz%"), "a b%zz%");
+        assert_eq!(percent_encode("é 100%"), "%C3%A9 100%25");
     }
 }

@@ -139,8 +139,14 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
             authenticate,
         ))
         // Open, with Triton's bare-status answers.
-        .route("/v2/health/live", get(live))
-        .route("/v2/health/ready", get(ready))
+        .route(
+            "/v2/health/live",
+            get(live).fallback(health_method_not_allowed),
+        )
+        .route(
+            "/v2/health/ready",
+            get(ready).fallback(health_method_not_allowed),
+        )
         .with_state(state)
 }
 
@@ -185,8 +191,11 @@ async fn kserve_error_body(response: Response) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
+    if !(status.is_client_error() || status.is_server_error()) {
         return response;
+    }
+    if is_json {
+        return bounded_error_json(response).await;
     }
     let (mut parts, body) = response.into_parts();
     // Rejection texts are short; anything long is not ours to forward.
@@ -202,6 +211,40 @@ async fn kserve_error_body(response: Response) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// An error answer whose message is longer than [`MAX_ERROR_MESSAGE_BYTES`] (it quotes what the
+/// client sent: a name, a shape) has it cut, so no error answer grows with the request.
+async fn bounded_error_json(response: Response) -> Response {
+    use http_body::Body as _;
+    use tessera_core::infer::{MAX_ERROR_MESSAGE_BYTES, bounded};
+    let short = response
+        .body()
+        .size_hint()
+        .upper()
+        .is_some_and(|n| n <= MAX_ERROR_MESSAGE_BYTES as u64);
+    if short {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Our own answer, already in memory: reading it whole costs nothing new.
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({ "error": "the error answer could not be produced" })),
+        )
+            .into_response();
+    };
+    let mut value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if let Some(Value::String(message)) = value.get_mut("error") {
+        *message = bounded(message, MAX_ERROR_MESSAGE_BYTES).into_owned();
+    }
+    let body = match value {
+        Value::Null => bytes,
+        value => Bytes::from(serde_json::to_vec(&value).unwrap_or_default()),
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(body))
 }
 
@@ -264,6 +307,17 @@ async fn not_found() -> Response {
         .into_response()
 }
 
+/// A health route called with another method than GET: a KServe error body like every other
+/// error (the health answers themselves stay bare statuses, as Triton's).
+async fn health_method_not_allowed() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "GET,HEAD")],
+        axum::Json(json!({ "error": "Method Not Allowed" })),
+    )
+        .into_response()
+}
+
 async fn server_metadata() -> Response {
     json_ok(
         json!({ "name": "tessera", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
@@ -286,11 +340,13 @@ async fn ready(State(s): State<AppState>) -> StatusCode {
     }
 }
 
+/// A version from a `/versions/{version}` path (never empty there).
 fn parse_version(v: &str) -> Result<i64, InferError> {
-    v.parse::<i64>()
-        .ok()
-        .filter(|&v| v > 0)
-        .ok_or_else(|| InferError::invalid(format!("'{v}' is not a valid model version")))
+    super::kserve::parse_model_version(v)?.ok_or_else(|| {
+        InferError::invalid(
+            "invalid model version specified '' , version should be an integral value > 0",
+        )
+    })
 }
 
 fn metadata(

@@ -2,9 +2,12 @@
 //!
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
 //! - [`http`]: KServe v2 over HTTP/REST.
+//! - [`grpc`]: KServe v2 over gRPC.
+//! - [`listen`]: accepting and closing connections within bounds (timeouts, limits, drain).
 
 pub mod grpc;
 pub mod http;
+pub mod listen;
 pub use tessera_core::kserve;
 
 use axum::http::StatusCode;

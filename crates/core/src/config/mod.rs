@@ -283,29 +283,48 @@ pub fn ensemble_scheduling(config: &ModelConfig) -> Option<&pb::ModelEnsembling>
 /// Settings that parse but that tessera does not act on, named for a warning at load time.
 pub fn ignored_settings(config: &ModelConfig) -> Vec<&'static str> {
     let mut ignored = Vec::new();
-    if matches!(
-        config.scheduling_choice,
-        Some(pb::model_config::SchedulingChoice::SequenceBatching(_))
-    ) {
-        ignored.push("sequence_batching (requests are scheduled as stateless)");
-    }
     if config.optimization.is_some() {
         ignored.push("optimization");
     }
     if config.response_cache.as_ref().is_some_and(|c| c.enable) {
         ignored.push("response_cache");
     }
+    ignored
+}
+
+/// Why the model cannot be served yet, if it asks for a feature tessera does not have: serving
+/// it anyway would answer wrongly (no sequence state, one response where many are due, missing
+/// batch inputs), so the model is refused at load with this reason instead.
+pub fn unsupported_settings(config: &ModelConfig) -> Option<String> {
+    let mut unsupported = Vec::new();
+    if matches!(
+        config.scheduling_choice,
+        Some(pb::model_config::SchedulingChoice::SequenceBatching(_))
+    ) {
+        unsupported.push(
+            "sequence_batching (stateful models: tessera does not yet keep sequence state or supply the START/END/READY/CORRID control inputs)",
+        );
+    }
     if config
         .model_transaction_policy
         .as_ref()
         .is_some_and(|p| p.decoupled)
     {
-        ignored.push("model_transaction_policy.decoupled");
+        unsupported.push(
+            "model_transaction_policy { decoupled: true } (tessera does not yet send more or fewer than one response per request)",
+        );
     }
     if !config.batch_input.is_empty() || !config.batch_output.is_empty() {
-        ignored.push("batch_input / batch_output");
+        unsupported.push(
+            "batch_input / batch_output (ragged batching: tessera does not yet form these tensors)",
+        );
     }
-    ignored
+    (!unsupported.is_empty()).then(|| {
+        format!(
+            "not supported by tessera yet, so the model is not loaded: {}",
+            unsupported.join("; ")
+        )
+    })
 }
 
 /// The model file of a version: `default_model_filename`, or the backend's `default` name.

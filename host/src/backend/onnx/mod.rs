@@ -778,6 +778,102 @@ fn bytes_of<T: Plain>(values: &[T]) -> bytes::Bytes {
     bytes::Bytes::copy_from_slice(view)
 }
 
+/// String tensors element by element, byte for byte: ONNX Runtime's strings are byte strings
+/// (`std::string`), so an element may hold NUL or bytes that are not UTF-8, as Triton passes
+/// them. `ort`'s own conversions go through C strings and Rust `String`s, which cut at NUL and
+/// refuse other bytes, so these call ONNX Runtime's C API directly.
+mod strings {
+    use ort::AsPointer;
+    use ort::sys::{OrtStatusPtr, OrtValue};
+    use ort::value::{DynValue, Tensor as OrtTensor};
+
+    /// Turns a status into its message, releasing it.
+    ///
+    /// SAFETY: `status` comes from an ONNX Runtime call and is released nowhere else.
+    unsafe fn check(status: OrtStatusPtr) -> Result<(), String> {
+        if status.0.is_null() {
+            return Ok(());
+        }
+        let api = ort::api();
+        // SAFETY: a non-null status from ONNX Runtime holds a NUL-terminated message, which is
+        // copied before the status is released.
+        unsafe {
+            let message = std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.0))
+                .to_string_lossy()
+                .into_owned();
+            (api.ReleaseStatus)(status.0);
+            Err(message)
+        }
+    }
+
+    pub fn to_ort(shape: Vec<i64>, items: &[bytes::Bytes]) -> Result<DynValue, String> {
+        let empty = vec![""; items.len()];
+        let mut tensor = OrtTensor::from_string_array((shape, empty.as_slice()))
+            .map_err(|e| e.to_string())?
+            .into_dyn();
+        let value: *mut OrtValue = tensor.ptr_mut();
+        let api = ort::api();
+        for (index, item) in items.iter().enumerate() {
+            let mut buffer: *mut std::ffi::c_char = std::ptr::null_mut();
+            // SAFETY: `value` is a string tensor of `items.len()` elements owned by `tensor`;
+            // ONNX Runtime sizes element `index` to `item.len()` bytes and hands back its buffer,
+            // which is filled with exactly that many bytes.
+            unsafe {
+                check((api.GetResizedStringTensorElementBuffer)(
+                    value,
+                    index,
+                    item.len(),
+                    &mut buffer,
+                ))?;
+                if !item.is_empty() {
+                    std::ptr::copy_nonoverlapping(item.as_ptr(), buffer.cast::<u8>(), item.len());
+                }
+            }
+        }
+        Ok(tensor)
+    }
+
+    pub fn from_ort(value: &DynValue) -> Result<Vec<bytes::Bytes>, String> {
+        let count = match value.dtype() {
+            ort::value::ValueType::Tensor { shape, .. } => shape.num_elements(),
+            _ => return Err("not a tensor".into()),
+        };
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let api = ort::api();
+        let ptr: *const OrtValue = value.ptr();
+        let mut total = 0usize;
+        // SAFETY: `ptr` is a live string tensor of `count` elements; the content buffer holds
+        // `total` bytes and the offsets `count` entries, as the call requires.
+        let (content, mut offsets) = unsafe {
+            check((api.GetStringTensorDataLength)(ptr, &mut total))?;
+            let mut content = vec![0u8; total];
+            let mut offsets = vec![0usize; count + 1];
+            check((api.GetStringTensorContent)(
+                ptr,
+                content.as_mut_ptr().cast(),
+                total,
+                offsets.as_mut_ptr(),
+                count,
+            ))?;
+            (content, offsets)
+        };
+        offsets[count] = total;
+        let content = bytes::Bytes::from(content);
+        offsets
+            .windows(2)
+            .map(|w| {
+                if w[0] <= w[1] && w[1] <= total {
+                    Ok(content.slice(w[0]..w[1]))
+                } else {
+                    Err(format!("inconsistent string offsets {}..{}", w[0], w[1]))
+                }
+            })
+            .collect()
+    }
+}
+
 fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
     let ort_err = |e: ort::Error| {
         InferError::internal(format!("ONNX Runtime refused input '{}'", tensor.name))
@@ -802,12 +898,10 @@ fn to_ort(tensor: Tensor) -> Result<DynValue, InferError> {
                     OrtTensor::from_array((shape, values)).map(|t| t.into_dyn()).map_err(ort_err)
                 }
                 (TensorData::Elements(items), DataType::Bytes) => {
-                    let strings = items
-                        .iter()
-                        .map(|e| String::from_utf8(e.to_vec()))
-                        .collect::<Result<Vec<String>, _>>()
-                        .map_err(|_| InferError::invalid(format!("input '{}': ONNX string tensors must be UTF-8", tensor.name)))?;
-                    OrtTensor::from_string_array((shape, strings.as_slice())).map(|t| t.into_dyn()).map_err(ort_err)
+                    strings::to_ort(shape, items).map_err(|detail| {
+                        InferError::internal(format!("ONNX Runtime refused input '{}'", tensor.name))
+                            .with_detail(detail)
+                    })
                 }
                 (_, dt) => Err(InferError::invalid(format!("input '{}': datatype {dt} is not supported by the ONNX Runtime backend", tensor.name))),
             }
@@ -842,8 +936,14 @@ fn from_ort(name: &str, value: &DynValue) -> Result<Tensor, InferError> {
                     Ok(Tensor::new(name, DataType::Bool, shape.to_vec(), TensorData::Raw(data.iter().map(|&b| u8::from(b)).collect::<Vec<u8>>().into())))
                 }
                 TensorElementType::String => {
-                    let (shape, data) = value.try_extract_strings().map_err(err)?;
-                    Ok(Tensor::new(name, DataType::Bytes, shape.to_vec(), TensorData::Elements(data.into_iter().map(|s| s.into_bytes().into()).collect())))
+                    let ValueType::Tensor { shape, .. } = value.dtype() else {
+                        return Err(InferError::internal(format!("output '{name}' is not a tensor")));
+                    };
+                    let items = strings::from_ort(value).map_err(|detail| {
+                        InferError::internal(format!("ONNX Runtime output '{name}' could not be read"))
+                            .with_detail(detail)
+                    })?;
+                    Ok(Tensor::new(name, DataType::Bytes, shape.to_vec(), TensorData::Elements(items)))
                 }
                 other => Err(InferError::internal(format!("output '{name}' has element type {other:?}, which tessera does not serve"))),
             }

@@ -1,0 +1,322 @@
+//! Accepting connections within bounds, and closing them within bounds at shutdown.
+//!
+//! A client must not be able to hold the server's resources by being slow, and a slow or idle
+//! client must not keep the server from exiting:
+//!
+//! - **Connections per listener** are bounded (`--max-connections`): past the bound the listener
+//!   stops accepting (new connections wait in the kernel's backlog) until one closes.
+//! - **HTTP/1 request headers** must arrive within `--http-header-read-timeout-secs` (hyper's
+//!   own timer, which also closes a keep-alive connection left idle that long), and a **request
+//!   body** within `--http-body-read-timeout-secs` of the request ([`DeadlineBody`]; 408).
+//! - **gRPC (HTTP/2) connections** must send the HTTP/2 preface within the header timeout
+//!   ([`Bounded`]); after that, an idle HTTP/2 connection is legitimate (clients keep channels
+//!   open) and is bounded by the connection limit.
+//! - **At shutdown** readiness drops first, listeners stop accepting, every open connection is
+//!   asked to finish (HTTP/1: after its request in flight; HTTP/2: GOAWAY, streams in flight
+//!   finish), and whatever is still open after `--exit-timeout-secs` is closed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+
+/// The bounds of [the module documentation](self).
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub exit_timeout: Duration,
+}
+
+/// Waits until `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Accepts the next connection while a permit is free; None once `stop` is set.
+async fn accept(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    stop: &watch::Receiver<bool>,
+) -> Option<(TcpStream, OwnedSemaphorePermit)> {
+    let permit = tokio::select! {
+        permit = permits.clone().acquire_owned() => permit.ok()?,
+        () = stopped(stop.clone()) => return None,
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => {
+                    // Without TCP_NODELAY, an answer written in parts waits on the client's
+                    // delayed ACK (40 ms).
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!("cannot set TCP_NODELAY: {e}");
+                    }
+                    return Some((tcp, permit));
+                }
+                // Out of file descriptors, or a connection reset before it was accepted: the
+                // listener itself is fine; pause so an exhausted process does not spin.
+                Err(e) => {
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = stopped(stop.clone()) => return None,
+        }
+    }
+}
+
+/// Serves HTTP/1 `app` on `listener` until `stop` is set, then drains (see the module doc).
+pub async fn serve_http(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    stop: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        limits.body_read_timeout,
+        body_deadline,
+    ));
+    let (close, closing) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    while let Some((tcp, permit)) = accept(&listener, &permits, &stop).await {
+        let service = TowerToHyperService::new(app.clone());
+        let closing = closing.clone();
+        let header_read_timeout = limits.header_read_timeout;
+        connections.spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
+            let connection = builder.serve_connection(TokioIo::new(tcp), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                served = connection.as_mut() => {
+                    if let Err(e) = served {
+                        tracing::debug!("HTTP connection ended: {e}");
+                    }
+                }
+                () = stopped(closing) => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+        // Reap finished connections so the set holds only open ones.
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    let _ = close.send(true);
+    drain(connections, limits.exit_timeout).await;
+}
+
+/// Waits for `connections` to finish, at most `timeout`; closes the rest.
+async fn drain(mut connections: JoinSet<()>, timeout: Duration) {
+    let all_closed = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(timeout, all_closed).await.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            "closing connections still open after --exit-timeout-secs"
+        );
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
+    }
+}
+
+/// The accepted connections of a gRPC listener, for tonic: bounded in number, each given
+/// [`Bounded`]'s preface deadline; ends when `stop` is set.
+pub fn grpc_incoming(
+    listener: TcpListener,
+    limits: &ConnectionLimits,
+    stop: watch::Receiver<bool>,
+) -> impl futures::Stream<Item = std::io::Result<Bounded>> + Send + 'static {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let preface_timeout = limits.header_read_timeout;
+    futures::stream::unfold(
+        (listener, permits, stop),
+        move |(listener, permits, stop)| async move {
+            let (tcp, permit) = accept(&listener, &permits, &stop).await?;
+            let connection = Bounded::new(tcp, permit, preface_timeout);
+            Some((Ok(connection), (listener, permits, stop)))
+        },
+    )
+}
+
+/// HTTP/2's connection preface, which a client sends first.
+const HTTP2_PREFACE_LEN: usize = 24;
+
+/// A TCP connection that holds a connection permit while it lives, and fails its reads when the
+/// client has not sent the HTTP/2 preface within the deadline.
+pub struct Bounded {
+    tcp: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    /// Until the preface has arrived: the deadline and the bytes read so far.
+    preface: Option<(Pin<Box<tokio::time::Sleep>>, usize)>,
+}
+
+impl Bounded {
+    fn new(tcp: TcpStream, permit: OwnedSemaphorePermit, timeout: Duration) -> Bounded {
+        Bounded {
+            tcp,
+            _permit: permit,
+            preface: Some((Box::pin(tokio::time::sleep(timeout)), 0)),
+        }
+    }
+}
+
+impl AsyncRead for Bounded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let read = Pin::new(&mut this.tcp).poll_read(cx, buf);
+        if let Some((deadline, seen)) = &mut this.preface {
+            if let Poll::Ready(Ok(())) = read {
+                *seen += buf.filled().len() - before;
+                if *seen >= HTTP2_PREFACE_LEN {
+                    this.preface = None;
+                    return read;
+                }
+            }
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client did not start HTTP/2 within the header read timeout",
+                )));
+            }
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Bounded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for Bounded {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.tcp.connect_info()
+    }
+}
+
+/// Why a request body stopped: it did not arrive within `--http-body-read-timeout-secs`.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0:?} (--http-body-read-timeout-secs)")]
+pub struct BodyTimeout(pub Duration);
+
+/// Gives the request body its deadline; when it passed, the answer is 408 whatever the route
+/// made of the failed read (axum's extractors call it a 400).
+async fn body_deadline(
+    axum::extract::State(timeout): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let expired = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| Body::new(DeadlineBody::new(body, timeout, expired.clone())));
+    let response = next.run(request).await;
+    if !expired.load(Ordering::Relaxed) {
+        return response;
+    }
+    let body = serde_json::json!({ "error": BodyTimeout(timeout).to_string() });
+    (
+        axum::http::StatusCode::REQUEST_TIMEOUT,
+        [(axum::http::header::CONNECTION, "close")],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+/// A request body that fails with [`BodyTimeout`] once its deadline passes, however slowly it
+/// trickles in (a per-read timeout would let one byte every few seconds hold the connection).
+pub struct DeadlineBody {
+    inner: Body,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+    /// Set when the deadline ended the body.
+    expired: Arc<AtomicBool>,
+}
+
+impl DeadlineBody {
+    pub fn new(inner: Body, timeout: Duration, expired: Arc<AtomicBool>) -> DeadlineBody {
+        DeadlineBody {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+            expired,
+        }
+    }
+}
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.expired.store(true, Ordering::Relaxed);
+            return Poll::Ready(Some(Err(axum::Error::new(BodyTimeout(this.timeout)))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

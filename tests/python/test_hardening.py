@@ -1,0 +1,166 @@
+"""Hardening checks with Triton's own clients: byte strings into ONNX Runtime, Triton's version
+wording, bounded gRPC errors and metadata, and KServe error bodies on every route."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import grpc as grpc_lib
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from conftest import _stop, binary, launch
+
+STRING_IDENTITY_CONFIG = """
+name: "string_identity"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "TEXT_OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+
+
+def _string_identity_model(path: Path) -> None:
+    """An ONNX Identity over a string tensor, made here with the `onnx` package."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["TEXT"], ["TEXT_OUT"])],
+        "string_identity",
+        [helper.make_tensor_value_info("TEXT", TensorProto.STRING, ["batch", "n"])],
+        [helper.make_tensor_value_info("TEXT_OUT", TensorProto.STRING, ["batch", "n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+@pytest.fixture(scope="module")
+def strings_server():
+    """A server with only `string_identity`."""
+    repo = Path(tempfile.mkdtemp(prefix="tessera-strings-"))
+    model = repo / "string_identity"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(STRING_IDENTITY_CONFIG)
+    _string_identity_model(model / "1" / "model.onnx")
+    srv, proc, _ = launch(binary(), ["--model-repository", str(repo)])
+    try:
+        yield srv
+    finally:
+        _stop(proc)
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+# NUL inside an element, bytes that are not UTF-8, an empty element, plain text.
+AWKWARD = [b"a\x00b", b"\xff\xfe\x00\x80", b"", "naïve".encode()]
+
+
+@pytest.mark.parametrize("binary_data", [True, False])
+def test_bytes_with_nul_and_non_utf8_pass_through_onnx_exactly(strings_server, binary_data):
+    client = httpclient.InferenceServerClient(strings_server.url)
+    elements = AWKWARD if binary_data else [b"a\x00b", "naïve".encode()]
+    data = np.array([elements], dtype=np.object_)
+    inp = httpclient.InferInput("TEXT", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data, binary_data=binary_data)
+    out = httpclient.InferRequestedOutput("TEXT_OUT", binary_data=True)
+    result = client.infer("string_identity", [inp], outputs=[out])
+    assert result.as_numpy("TEXT_OUT").tolist() == [elements]
+
+
+def test_bytes_with_nul_and_non_utf8_over_grpc(strings_server):
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{strings_server.grpc_port}")
+    data = np.array([AWKWARD, AWKWARD[::-1]], dtype=np.object_)
+    inp = grpcclient.InferInput("TEXT", list(data.shape), np_to_triton_dtype(data.dtype))
+    inp.set_data_from_numpy(data)
+    result = client.infer("string_identity", [inp])
+    assert result.as_numpy("TEXT_OUT").tolist() == data.tolist()
+
+
+def test_a_version_that_is_not_a_number_gets_tritons_words(server):
+    words = ("failed to get model version from specified version string "
+             "'wrong_specification' (details: stol), version should be an integral value > 0")
+    client = httpclient.InferenceServerClient(server.url)
+    data = np.zeros((1, 16), dtype=np.float32)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        inp = httpclient.InferInput(name, [1, 16], "FP32")
+        inp.set_data_from_numpy(data)
+        inputs.append(inp)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inputs, model_version="wrong_specification")
+    assert words in str(e.value)
+    gclient = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    ginputs = []
+    for name in ("INPUT0", "INPUT1"):
+        inp = grpcclient.InferInput(name, [1, 16], "FP32")
+        inp.set_data_from_numpy(data)
+        ginputs.append(inp)
+    with pytest.raises(InferenceServerException) as e:
+        gclient.infer("add_sub", ginputs, model_version="wrong_specification")
+    assert words in str(e.value)
+
+
+def _stub(server):
+    channel = grpc_lib.insecure_channel(
+        f"127.0.0.1:{server.grpc_port}",
+        options=[("grpc.max_send_message_length", 128 << 20),
+                 ("grpc.max_receive_message_length", 128 << 20)])
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def test_grpc_errors_are_bounded_and_metadata_refuses_the_call_only(server):
+    channel, stub = _stub(server)
+    try:
+        # A 1 MiB model name: the error quotes it, cut to a few KiB, and the client reads it.
+        with pytest.raises(grpc_lib.RpcError) as e:
+            stub.ModelInfer(service_pb2.ModelInferRequest(model_name="x" * (1 << 20)), timeout=30)
+        assert e.value.code() == grpc_lib.StatusCode.NOT_FOUND
+        assert 100 < len(e.value.details()) <= 4096
+        # A shape of 200,000 dimensions with data: a bounded message too.
+        request = service_pb2.ModelInferRequest(model_name="add_sub")
+        tensor = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1] * 200_000)
+        request.raw_input_contents.append(b"\0" * 4)
+        with pytest.raises(grpc_lib.RpcError) as e:
+            stub.ModelInfer(request, timeout=30)
+        assert e.value.code() == grpc_lib.StatusCode.INVALID_ARGUMENT
+        assert len(e.value.details()) <= 4096
+        del tensor
+        # 64 KiB of metadata: this call is refused, the connection goes on serving.
+        with pytest.raises(grpc_lib.RpcError) as e:
+            stub.ServerLive(service_pb2.ServerLiveRequest(),
+                            metadata=[("x-large", "a" * 65536)], timeout=30)
+        assert e.value.code() == grpc_lib.StatusCode.RESOURCE_EXHAUSTED
+        assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live
+        # A message over the limit is RESOURCE_EXHAUSTED, as gRPC's table and Triton say.
+        request = service_pb2.ModelInferRequest(model_name="add_sub")
+        request.raw_input_contents.append(b"\0" * (65 << 20))
+        with pytest.raises(grpc_lib.RpcError) as e:
+            stub.ModelInfer(request, timeout=60)
+        assert e.value.code() == grpc_lib.StatusCode.RESOURCE_EXHAUSTED
+        assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live
+    finally:
+        channel.close()
+
+
+def test_http_errors_are_bounded(server):
+    name = "x" * 200_000
+    status, _, body = server.post_json("/v2/models/add_sub/infer", {"inputs": [
+        {"name": name, "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]})
+    assert status == 400
+    assert b'"error"' in body and b"more bytes" in body and len(body) <= 4200
+
+
+@pytest.mark.parametrize("path", ["/v2/health/ready", "/v2/health/live"])
+def test_a_wrong_method_on_health_gets_a_kserve_error_body(server, path):
+    status, headers, body = server.request("POST", path)
+    assert status == 405
+    assert headers.get("content-type", "").startswith("application/json")
+    assert b'"error"' in body
+    assert "GET" in headers.get("allow", "")
