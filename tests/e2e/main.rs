@@ -4,6 +4,7 @@
 mod deployment;
 mod functions;
 mod gpu;
+mod hardening;
 mod harness;
 mod hostile_requests;
 mod http_protocol;
