@@ -1,7 +1,7 @@
 //! The Wasm guests in `examples/` and `tests/guests/` are built for `wasm32-wasip2` and installed
 //! as `model.wasm` next to their `config.pbtxt`, so `cargo run`/`cargo test` serve fresh handlers.
-//! Triton's gRPC service (`proto/grpc_service.proto`, `proto/health.proto`, vendored from
-//! triton-inference-server/common) becomes tonic server code; its `ModelConfig` is the one
+//! Triton's gRPC service (`crates/core/proto/grpc_service.proto`, `proto/health.proto`, vendored
+//! from triton-inference-server/common) becomes tonic server code; its messages are the ones
 //! `crates/core/build.rs` compiles, shared rather than generated twice.
 
 use std::env;
@@ -23,30 +23,12 @@ fn compile_grpc() {
         [manifest_dir.join("proto"), core_proto],
     )
     .expect("the gRPC protos compile");
-    let mut builder = tonic_prost_build::configure()
+    tonic_prost_build::configure()
         .build_client(false)
         .build_server(true)
-        // Tensor payloads stay reference-counted slices of the request.
-        .bytes(".");
-    // model_config.proto's types are tessera-core's: used from there, not generated again.
-    for file in fds
-        .file
-        .iter()
-        .filter(|f| f.name.as_deref() == Some("model_config.proto"))
-    {
-        let names = file
-            .message_type
-            .iter()
-            .map(|m| m.name())
-            .chain(file.enum_type.iter().map(|e| e.name()));
-        for name in names {
-            builder = builder.extern_path(
-                format!(".inference.{name}"),
-                format!("::tessera_core::config::pb::{name}"),
-            );
-        }
-    }
-    builder
+        // Every message of the `inference` package is tessera-core's (its codec is fuzzed there):
+        // only the service is generated here.
+        .extern_path(".inference", "::tessera_core::config::pb")
         .compile_fds(fds)
         .expect("tonic generates the gRPC service");
 }

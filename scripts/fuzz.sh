@@ -12,7 +12,7 @@ SECONDS_EACH="${1:-600}"
 shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(kserve_request bytes_elements config_pbtxt)
+  TARGETS=(kserve_request bytes_elements config_pbtxt grpc_request)
 fi
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -25,6 +25,10 @@ for t in "${TARGETS[@]}"; do
       printf '\x00{"id":"a","parameters":{"priority":1,"binary_data_output":true},"inputs":[{"name":"s","shape":[1],"datatype":"BYTES","data":["h\\u00e9"]}]}' > "corpus/$t/seed-bytes"
       header='{"inputs":[{"name":"s","shape":[2],"datatype":"BYTES","parameters":{"binary_data_size":11}}]}'
       { printf '\x01'; printf "\\x$(printf %02x $((${#header} % 256)))\\x$(printf %02x $((${#header} / 256)))"; printf '%s' "$header"; printf '\x03\x00\x00\x00abc\x00\x00\x00\x00'; } > "corpus/$t/seed-binary"
+      ;;
+    grpc_request)
+      # A ModelInferRequest: model "m", one FP32 input "x" of shape [1] with 4 raw bytes.
+      printf '\x0a\x01m\x2a\x0c\x0a\x01x\x12\x04FP32\x1a\x01\x01\x3a\x04\x00\x00\x80\x3f' > "corpus/$t/seed"
       ;;
     bytes_elements)
       printf '\x03\x00\x00\x00abc\x00\x00\x00\x00' > "corpus/$t/seed"

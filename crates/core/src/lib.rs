@@ -7,12 +7,14 @@
 //! - [`config`]: Triton's `ModelConfig`, read from `config.pbtxt`.
 //! - [`signature`]: a model's inputs and outputs, and the metadata front-ends report.
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
+//! - [`grpc`]: Triton's gRPC messages and their codec.
 //! - [`namespace`]: how a tenant's names become the keys the server keeps models under.
 //!
 //! Everything here is pure (no I/O beyond reading a config file, no async), so the decoders can be
 //! fuzzed and property-tested without building the server.
 
 pub mod config;
+pub mod grpc;
 pub mod infer;
 pub mod kserve;
 pub mod namespace;
