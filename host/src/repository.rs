@@ -1042,6 +1042,19 @@ impl Control<'_> {
     }
 }
 
+/// A reason as clients read it: paths inside the model directory shown relative to it, the
+/// directory itself as "the model directory". Where the repository or the store lives is the
+/// server's business (D9); the log line written beside each reason has the full text.
+fn without_paths(message: &str, model_dir: &Path) -> String {
+    let dir = model_dir.display().to_string();
+    if dir.is_empty() {
+        return message.to_owned();
+    }
+    message
+        .replace(&format!("{dir}/"), "")
+        .replace(&dir, "the model directory")
+}
+
 fn with_error(mut entry: ModelEntry, message: &str) -> ModelEntry {
     entry.error = Some(message.to_owned());
     entry.versions.clear();
@@ -1151,7 +1164,7 @@ fn prepare(
     };
     let fail = |mut entry: ModelEntry, message: String| {
         tracing::error!(model = name, "{message}");
-        entry.error = Some(message);
+        entry.error = Some(without_paths(&message, path));
         (entry, None)
     };
     entry.fingerprint = match fingerprint(path, source.config_override.as_deref()) {
@@ -1426,9 +1439,11 @@ impl Repository {
             {
                 Ok(l) => l,
                 Err(e) => {
+                    tracing::error!(model = name, "UNAVAILABLE: {e}");
+                    let reason = without_paths(&e, &entry.path);
                     for status in entry.versions.values_mut() {
                         status.state = ModelState::Unavailable;
-                        status.reason.clone_from(&e);
+                        status.reason.clone_from(&reason);
                     }
                     return entry;
                 }
@@ -1487,7 +1502,7 @@ impl Repository {
                         tracing::error!(model = name, version, "UNAVAILABLE: {e}");
                         *status = VersionStatus {
                             state: ModelState::Unavailable,
-                            reason: e,
+                            reason: without_paths(&e, &entry.path),
                             model: None,
                         };
                         continue;
@@ -1503,7 +1518,7 @@ impl Repository {
                     tracing::error!(model = name, version, "UNAVAILABLE: {e}");
                     *status = VersionStatus {
                         state: ModelState::Unavailable,
-                        reason: e.to_string(),
+                        reason: without_paths(&e.to_string(), &entry.path),
                         model: None,
                     };
                 }
@@ -1516,6 +1531,22 @@ impl Repository {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reasons_show_paths_relative_to_the_model_directory() {
+        let dir = Path::new("/srv/store/models/m/3");
+        assert_eq!(
+            without_paths(
+                "cannot read label file /srv/store/models/m/3/labels.txt: gone",
+                dir
+            ),
+            "cannot read label file labels.txt: gone"
+        );
+        assert_eq!(
+            without_paths("cannot read /srv/store/models/m/3: gone", dir),
+            "cannot read the model directory: gone"
+        );
+    }
 
     /// An instance that is never asked to execute here.
     struct Idle;

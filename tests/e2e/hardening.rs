@@ -455,6 +455,18 @@ async fn a_store_failure_does_not_show_the_store_path_to_clients() {
         !text.contains("/e2e-") && !text.contains("too long"),
         "{text}"
     );
+    // A deployment that fails to load names its files relative to itself.
+    let mut config = echo_config("no_labels");
+    config["output"][0]["label_filename"] = json!("labels.txt");
+    let (status, body) = server
+        .deploy("no_labels", &config, &[("1/model.wasm", &component)])
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let text = body.to_string();
+    assert!(
+        text.contains("labels.txt") && !text.contains("/e2e-"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

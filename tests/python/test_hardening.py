@@ -164,3 +164,33 @@ def test_a_wrong_method_on_health_gets_a_kserve_error_body(server, path):
     assert headers.get("content-type", "").startswith("application/json")
     assert b'"error"' in body
     assert "GET" in headers.get("allow", "")
+
+
+def test_shutdown_closes_an_open_grpc_stream_within_the_exit_timeout(tmp_path):
+    import threading
+    import time
+
+    srv, proc, _ = launch(binary(), ["--store", str(tmp_path / "store"),
+                                     "--exit-timeout-secs", "2"])
+    release = threading.Event()
+
+    def requests():
+        # One request, then the stream stays open: a client streaming tokens would look so.
+        yield service_pb2.ModelInferRequest(model_name="no_such_model")
+        release.wait(60)
+
+    channel, stub = _stub(srv)
+    try:
+        stream = stub.ModelStreamInfer(requests())
+        first = next(stream)
+        assert first.error_message, "the stream answered its request"
+        started = time.monotonic()
+        proc.terminate()
+        proc.wait(timeout=30)
+        took = time.monotonic() - started
+        assert proc.returncode == 0
+        assert took < 15, f"shutdown took {took:.1f} s with an exit timeout of 2 s"
+    finally:
+        release.set()
+        channel.close()
+        _stop(proc)
