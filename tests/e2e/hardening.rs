@@ -290,8 +290,6 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
 
 #[tokio::test]
 async fn shutdown_finishes_within_the_exit_timeout_whatever_clients_hold_open() {
-    let (_, _, grpc_port) = crate::harness::free_ports();
-    let grpc = grpc_port.to_string();
     let server = TestServer::start(
         &[echo_repo()],
         &[
@@ -299,13 +297,12 @@ async fn shutdown_finishes_within_the_exit_timeout_whatever_clients_hold_open() 
             "2",
             "--http-header-read-timeout-secs",
             "300",
-            "--grpc-port",
-            &grpc,
         ],
         &shared_cache(),
     )
     .await;
     let port = port_of(&server.base);
+    let grpc_port = server.grpc_port.expect("gRPC is on");
     // A request in flight (slow_echo waits 1 s), a half-sent header, a body that drips, an
     // idle HTTP/2 connection after its preface and settings.
     let in_flight = {

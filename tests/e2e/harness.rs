@@ -1,7 +1,6 @@
 //! Starts the real `tessera` binary on free loopback ports and talks HTTP to it.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -58,19 +57,12 @@ pub fn with_ort(cmd: &mut Command) -> &mut Command {
     }
 }
 
-/// Three distinct free ports (HTTP, metrics, gRPC). The sockets are held until every port is
-/// known, so the OS cannot hand out the same port twice.
-pub fn free_ports() -> (u16, u16, u16) {
-    let bind = || TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let (a, b, c) = (bind(), bind(), bind());
-    let port = |l: &TcpListener| l.local_addr().expect("bound").port();
-    (port(&a), port(&b), port(&c))
-}
-
 pub struct TestServer {
     child: Child,
     pub base: String,
     pub metrics_port: u16,
+    /// None with `--allow-grpc false`.
+    pub grpc_port: Option<u16>,
     pub log: PathBuf,
     pub client: reqwest::Client,
 }
@@ -88,35 +80,20 @@ impl TestServer {
         cache: &Path,
         env: &[(&str, &str)],
     ) -> TestServer {
-        let (port, spare_port, grpc_port) = free_ports();
-        let log = scratch().join(format!("server-{port}.log"));
+        // The server binds port 0 and says which ports it got: no port is picked here and
+        // released for another process to take first.
+        let log = temp_dir("server-log").join("server.log");
         let log_file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
         for r in repos {
             cmd.arg("--model-repository").arg(r);
         }
-        cmd.args([
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            &port.to_string(),
-            "--grpc-address",
-            "127.0.0.1",
-        ]);
-        // Tests run side by side: each server has its own gRPC port too.
-        if !extra.contains(&"--grpc-port") {
-            cmd.args(["--grpc-port", &grpc_port.to_string()]);
-        }
-        let metrics_port = match extra.iter().position(|a| *a == "--metrics-port") {
-            Some(i) => extra
-                .get(i + 1)
-                .and_then(|p| p.parse().ok())
-                .expect("a port after --metrics-port"),
-            None => {
-                cmd.args(["--metrics-port", &spare_port.to_string()]);
-                spare_port
+        cmd.args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]);
+        for flag in ["--http-port", "--grpc-port", "--metrics-port"] {
+            if !extra.contains(&flag) {
+                cmd.args([flag, "0"]);
             }
-        };
+        }
         // Deployments go to a store of this test's own, never to the user's.
         if !extra.contains(&"--store") {
             cmd.arg("--store").arg(temp_dir("store"));
@@ -130,18 +107,50 @@ impl TestServer {
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file);
-        let child = cmd.spawn().expect("tessera starts");
+        let mut child = cmd.spawn().expect("tessera starts");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        let fail = |why: &str, child: &mut Child| -> ! {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("tessera {why}; log:\n{}", read_log())
+        };
+        // The listeners log their addresses once the models have loaded.
+        let (port, metrics_port, grpc_port) = loop {
+            let text = read_log();
+            let http = listening_port(&text, "KServe v2 HTTP on ");
+            let metrics = listening_port(&text, "Prometheus metrics on ");
+            let grpc = listening_port(&text, "KServe v2 gRPC on ");
+            let metrics_off = extra.windows(2).any(|w| w == ["--allow-metrics", "false"]);
+            let grpc_off = extra.windows(2).any(|w| w == ["--allow-grpc", "false"]);
+            if let Some(http) = http
+                && (metrics.is_some() || metrics_off)
+                && (grpc.is_some() || grpc_off)
+            {
+                break (http, metrics.unwrap_or(0), grpc);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                fail(
+                    &format!("exited with {status} before listening"),
+                    &mut child,
+                );
+            }
+            if Instant::now() > deadline {
+                fail("did not start listening", &mut child);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         let server = TestServer {
             child,
             base: format!("http://127.0.0.1:{port}"),
             metrics_port,
+            grpc_port,
             log,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
                 .build()
                 .expect("client"),
         };
-        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Ok(r) = server
                 .client
@@ -154,10 +163,10 @@ impl TestServer {
             }
             assert!(
                 Instant::now() < deadline,
-                "tessera did not start; log:\n{}",
+                "tessera did not answer; log:\n{}",
                 server.log_text()
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -401,6 +410,20 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
+}
+
+/// The port of the address logged after `marker` (`... on 127.0.0.1:PORT`).
+fn listening_port(log: &str, marker: &str) -> Option<u16> {
+    // Whole lines only: the server may be writing the last one.
+    let complete = &log[..log.rfind('\n')?];
+    let line = complete.lines().find(|l| l.contains(marker))?;
+    let address = line.split(marker).nth(1)?.split_whitespace().next()?;
+    address
+        .trim_end_matches("/metrics")
+        .rsplit(':')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The largest batch size in one model version's statistics (an entry of `model_stats`).

@@ -20,7 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
+import re
 import subprocess
 import shutil
 import tempfile
@@ -69,18 +69,24 @@ class Server:
         return self.request("POST", path, body, {"Content-Type": "application/json"})
 
 
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+_LISTENING = {
+    "http": re.compile(r"KServe v2 HTTP on [^\s]*:(\d+)"),
+    "grpc": re.compile(r"KServe v2 gRPC on [^\s]*:(\d+)"),
+    "metrics": re.compile(r"Prometheus metrics on [^\s]*:(\d+)/metrics"),
+}
+
+
+def _listening_ports(log: Path) -> dict[str, int]:
+    """The ports the server logged it listens on (it binds port 0: nothing is picked here and
+    released for another process to take first). Whole lines only."""
+    text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+    text = text[: text.rfind("\n") + 1]
+    found = {}
+    for name, pattern in _LISTENING.items():
+        match = pattern.search(text)
+        if match:
+            found[name] = int(match.group(1))
+    return found
 
 
 def _tail(path: Path | None, lines: int = STDERR_TAIL_LINES) -> str:
@@ -158,33 +164,39 @@ def launch(bin_path: Path, args: list[str], ready_path: str = "/v2/health/ready"
     """Starts tessera with `args` on free loopback ports and a store of its own (in its log
     directory) and waits until `ready_path` answers 200. Returns (Server, process, stderr log);
     the caller stops it with `stop`."""
-    http_port, grpc_port, metrics_port = _free_ports(3)
     log_dir = Path(tempfile.mkdtemp(prefix="tessera-pytest-"))
     log = log_dir / "server.stderr"
     cmd = [
         str(bin_path),
         *args,
-        "--http-port", str(http_port),
-        "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port),
+        "--http-port", "0",
+        "--grpc-port", "0",
+        "--metrics-port", "0",
         "--http-address", "127.0.0.1",
+        "--grpc-address", "127.0.0.1",
     ]
     if "--store" not in args:
         cmd += ["--store", str(log_dir / "store")]
     with open(log_dir / "server.stdout", "wb") as out, open(log, "wb") as err:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err)
-    srv = Server("127.0.0.1", http_port, grpc_port, metrics_port, proc)
+    srv = None
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         if proc.poll() is not None:
             pytest.fail(f"tessera exited with status {proc.returncode} before becoming ready\n"
                         f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(log)}",
                         pytrace=False)
-        try:
-            status = srv.request("GET", ready_path, timeout=2)[0]
-        except OSError:
-            status = 0
+        if srv is None:
+            ports = _listening_ports(log)
+            if len(ports) == len(_LISTENING):
+                srv = Server("127.0.0.1", ports["http"], ports["grpc"], ports["metrics"], proc)
+        status = 0
+        if srv is not None:
+            try:
+                status = srv.request("GET", ready_path, timeout=2)[0]
+            except OSError:
+                status = 0
         if status == 200:
             return srv, proc, log
         if time.monotonic() > deadline:
