@@ -14,9 +14,9 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use crate::infer::{CallContext, ErrorKind, InferError};
+use crate::infer::{ErrorKind, InferError};
 use crate::metrics::{StatsSnapshot, Tally};
-use crate::protocol::kserve::{NoSharedMemory, RegionReader};
+use crate::protocol::kserve::RegionReader;
 use crate::repository::ControlError;
 use crate::server::{LoadRequest, Server};
 use crate::tenants::Caller;
@@ -150,21 +150,17 @@ impl Grpc {
     ) -> Result<pb::ModelInferResponse, InferError> {
         let model = message.model_name.clone();
         let version = parse_version(&message.model_version)?;
-        let shm = self.server.shared_memory(caller);
-        let regions: &dyn RegionReader = match shm {
-            Some(shm) => shm,
-            None => &NoSharedMemory,
-        };
-        let request = decode_request(message, regions)?;
-        let in_shared_memory = crate::shm::requested_outputs(&request.outputs);
-        let cx = CallContext::root_for(caller.tenant());
-        let request_id = cx.request_id;
-        let response = self
-            .server
-            .infer(cx, &model, version, request)
-            .await
-            .map_err(|e| e.for_client(self.verbose_errors, request_id))?;
-        let placed = crate::shm::write_outputs(shm, &in_shared_memory, &response.outputs)?;
+        let decode = |regions: &dyn RegionReader| decode_request(message, regions);
+        let answer = crate::protocol::client_infer(
+            &self.server,
+            caller,
+            &model,
+            version,
+            self.verbose_errors,
+            decode,
+        )
+        .await?;
+        let (response, placed) = (answer.response, answer.placed);
         encode_response(response, &placed)
     }
 }

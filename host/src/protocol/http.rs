@@ -904,43 +904,36 @@ async fn run_infer(
             ));
         }
     };
-    let shm = s.server.shared_memory(&caller);
-    let regions: &dyn crate::protocol::kserve::RegionReader = match shm {
-        Some(shm) => shm,
-        None => &crate::protocol::kserve::NoSharedMemory,
+    let decode = |regions: &dyn super::kserve::RegionReader| {
+        decode_request_with(&body, header_length, regions)
     };
-    let request = match decode_request_with(&body, header_length, regions) {
-        Ok(r) => r,
+    let answer = match super::client_infer(
+        &s.server,
+        &caller,
+        &model,
+        version,
+        s.verbose_errors,
+        decode,
+    )
+    .await
+    {
+        Ok(answer) => answer,
         Err(e) => return error_response(&e),
     };
-    let in_shared_memory = crate::shm::requested_outputs(&request.outputs);
+    let (response, placed) = (answer.response, answer.placed);
     let all_binary = matches!(
-        request.parameters.get("binary_data_output"),
+        answer.parameters.get("binary_data_output"),
         Some(ParamValue::Bool(true))
     );
-    let binary_outputs: Vec<(String, bool)> = request
-        .outputs
-        .iter()
-        .map(|o| (o.name.clone(), o.binary))
-        .collect();
-    let cx = CallContext::root_for(caller.tenant());
-    let request_id = cx.request_id;
-    let response = match s.server.infer(cx, &model, version, request).await {
-        Ok(r) => r,
-        Err(e) => return error_response(&e.for_client(s.verbose_errors, request_id)),
-    };
-    let placed = match crate::shm::write_outputs(shm, &in_shared_memory, &response.outputs) {
-        Ok(placed) => placed,
-        Err(e) => return error_response(&e),
-    };
     let placement = |name: &str| {
         if placed.iter().any(|(n, _, _)| n == name) {
             return Placement::SharedMemory;
         }
-        let binary = binary_outputs
+        let binary = answer
+            .requested
             .iter()
-            .find(|(n, _)| n == name)
-            .map_or(all_binary, |(_, b)| *b);
+            .find(|o| o.name == name)
+            .map_or(all_binary, |o| o.binary);
         if binary {
             Placement::Binary
         } else {

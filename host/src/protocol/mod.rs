@@ -1,5 +1,8 @@
 //! Protocol front-ends: decode a request, call [`crate::server::Server::infer`], encode the answer.
 //!
+//! Every client front-end runs the same inference step, [`client_infer`]; only decoding and
+//! encoding differ between protocols.
+//!
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
 //! - [`http`]: KServe v2 over HTTP/REST.
 //! - [`grpc`]: KServe v2 over gRPC.
@@ -10,9 +13,62 @@ pub mod http;
 pub mod listen;
 pub use tessera_core::kserve;
 
+use std::collections::BTreeMap;
+
 use axum::http::StatusCode;
 
-use crate::infer::ErrorKind;
+use crate::infer::{CallContext, ErrorKind, InferError, InferRequest, InferResponse, ParamValue};
+use crate::infer::{RequestedOutput, SharedMemoryRef};
+use crate::server::Server;
+use crate::tenants::Caller;
+use kserve::{NoSharedMemory, RegionReader};
+
+/// What a client front-end gets back from [`client_infer`].
+pub struct ClientAnswer {
+    pub response: InferResponse,
+    /// The outputs written to shared memory: name, region, bytes written.
+    pub placed: Vec<(String, String, usize)>,
+    /// What the request asked of its outputs (HTTP's binary flags, classification).
+    pub requested: Vec<RequestedOutput>,
+    /// The request's own parameters (HTTP's `binary_data_output`).
+    pub parameters: BTreeMap<String, ParamValue>,
+}
+
+/// The one inference step of every client front-end: `decode` reads the request with the
+/// caller's shared-memory regions (the operator's only), the request runs on the single request
+/// path ([`Server::infer`]) as a root call of the caller, internal details stay in the log
+/// unless `verbose_errors`, and outputs asked in shared memory are written there.
+pub async fn client_infer(
+    server: &Server,
+    caller: &Caller,
+    model: &str,
+    version: Option<i64>,
+    verbose_errors: bool,
+    decode: impl FnOnce(&dyn RegionReader) -> Result<InferRequest, InferError>,
+) -> Result<ClientAnswer, InferError> {
+    let shm = server.shared_memory(caller);
+    let regions: &dyn RegionReader = match shm {
+        Some(shm) => shm,
+        None => &NoSharedMemory,
+    };
+    let request = decode(regions)?;
+    let in_shared_memory: Vec<(String, SharedMemoryRef)> =
+        crate::shm::requested_outputs(&request.outputs);
+    let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
+    let cx = CallContext::root_for(caller.tenant());
+    let request_id = cx.request_id;
+    let response = server
+        .infer(cx, model, version, request)
+        .await
+        .map_err(|e| e.for_client(verbose_errors, request_id))?;
+    let placed = crate::shm::write_outputs(shm, &in_shared_memory, &response.outputs)?;
+    Ok(ClientAnswer {
+        response,
+        placed,
+        requested,
+        parameters,
+    })
+}
 
 /// The HTTP status Triton uses for each kind of error.
 pub fn status_of(kind: ErrorKind) -> StatusCode {
