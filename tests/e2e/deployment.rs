@@ -5,13 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::harness::{
-    TestServer, fixtures_repo, output_f32, repo_root, shared_cache, temp_dir, tessera_cli,
+    Hammer, TestServer, fixtures_repo, output_f32, repo_root, shared_cache, temp_dir, tessera_cli,
 };
 
 /// The `identity_echo` fixture: `Y = X + offset` (its config's `offset` parameter).
@@ -78,20 +77,14 @@ async fn hot_swap_under_load_switches_once_without_errors() {
     assert_eq!(answer(&server, "swap").await, Ok(1.0));
 
     let server = Arc::new(server);
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..8)
-        .map(|_| {
-            let (server, stop) = (server.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    seen.push(answer(&server, "swap").await);
-                }
-                seen
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let hammer = Hammer::start(8, {
+        let server = server.clone();
+        move || {
+            let server = server.clone();
+            async move { answer(&server, "swap").await }
+        }
+    });
+    hammer.wait_calls(50).await;
     let (status, body) = server
         .deploy("swap", &echo_config("swap", 2), &[("1/model.wasm", &wasm)])
         .await;
@@ -99,12 +92,10 @@ async fn hot_swap_under_load_switches_once_without_errors() {
     assert_eq!(body["revision"], 2, "{body}");
     // Acknowledged means serving: the next request sees the new revision.
     assert_eq!(answer(&server, "swap").await, Ok(2.0));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
+    hammer.wait_calls(50).await;
 
     let (mut old, mut new) = (0, 0);
-    for client in clients {
-        let seen = client.await.expect("client task");
+    for seen in hammer.stop().await {
         let errors: Vec<_> = seen.iter().filter_map(|r| r.as_ref().err()).collect();
         assert!(
             errors.is_empty(),

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::harness::{
-    TestServer, examples_repo, fixtures_repo, largest_batch, repo_root, require_onnx_runtime,
-    shared_cache, temp_dir, tessera_cli,
+    Hammer, TestServer, examples_repo, fixtures_repo, largest_batch, repo_root,
+    require_onnx_runtime, shared_cache, temp_dir, tessera_cli, wait_until,
 };
 
 fn example_functions() -> String {
@@ -212,7 +212,10 @@ async fn each_limit_gives_its_status_and_others_keep_serving() {
         let (client, url) = (server.client.clone(), server.url(&tight("sleep?250")));
         tokio::spawn(async move { client.get(url).send().await.map(|r| r.status().as_u16()) })
     };
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    wait_until("the slow invocation runs", || {
+        server.has_metric("tessera_function_instances_live{function=\"function_tight\"} 1")
+    })
+    .await;
     let (status, headers, text) =
         call(&server, reqwest::Method::GET, &tight("count"), Vec::new()).await;
     assert_eq!(status, 429, "{text}");
@@ -443,7 +446,6 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
 #[tokio::test]
 async fn a_function_swaps_under_load_without_errors() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let repo = temp_dir("empty-repo");
     let server = Arc::new(TestServer::start(&[repo], &[], &shared_cache()).await);
     let component =
@@ -459,30 +461,22 @@ async fn a_function_swaps_under_load_without_errors() {
         .post_json("/v2/repository/functions/swap/load", &deploy("Old"))
         .await;
     assert_eq!(status, 200, "{body}");
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..8)
-        .map(|_| {
-            let (server, stop) = (server.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    seen.push(get(&server, "/v1/functions/swap/").await);
-                }
-                seen
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let hammer = Hammer::start(8, {
+        let server = server.clone();
+        move || {
+            let server = server.clone();
+            async move { get(&server, "/v1/functions/swap/").await }
+        }
+    });
+    hammer.wait_calls(50).await;
     let (status, body) = server
         .post_json("/v2/repository/functions/swap/load", &deploy("New"))
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(get(&server, "/v1/functions/swap/").await.1, "New!\n");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.store(true, Ordering::Relaxed);
+    hammer.wait_calls(50).await;
     let (mut old, mut new) = (0, 0);
-    for client in clients {
-        let seen = client.await.expect("client");
+    for seen in hammer.stop().await {
         assert!(
             seen.iter().all(|(s, _)| *s == 200),
             "no failed invocation: {seen:?}"

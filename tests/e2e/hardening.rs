@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, fixtures_repo, output_f32, shared_cache, temp_dir, tessera_cli};
+use crate::harness::{
+    TestServer, fixtures_repo, output_f32, shared_cache, temp_dir, tessera_cli, wait_until,
+};
 
 /// A repository with the `identity_echo` (Y = X) and `slow_echo` fixtures.
 fn echo_repo() -> PathBuf {
@@ -329,7 +331,11 @@ async fn shutdown_finishes_within_the_exit_timeout_whatever_clients_hold_open() 
         grpc_port,
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("slow_echo is executing", || async {
+        let (_, stats) = server.get("/v2/models/slow_echo/stats").await;
+        stats["model_stats"][0]["inference_stats"]["queue"]["count"].as_u64() >= Some(1)
+    })
+    .await;
     let started = Instant::now();
     let (exited_cleanly, log) = tokio::task::spawn_blocking(move || server.terminate())
         .await

@@ -456,3 +456,86 @@ pub fn output(body: &Value, name: &str) -> Value {
         .cloned()
         .unwrap_or_else(|| panic!("output {name} in {body}"))
 }
+
+/// Waits until `holds` is true (polling every 10 ms, at most 30 s): tests wait on the server's
+/// observable state (statistics, metrics), never on a fixed time standing in for it.
+pub async fn wait_until<F, Fut>(what: &str, mut holds: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !holds().await {
+        assert!(
+            Instant::now() < deadline,
+            "the server never reached the expected state: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl TestServer {
+    /// Whether `/metrics` has the sample `line` (name, labels and value).
+    pub async fn has_metric(&self, line: &str) -> bool {
+        self.metrics().await.lines().any(|l| l == line)
+    }
+}
+
+/// Clients calling a server in a loop (as during a hot swap), counting their calls, so a test
+/// waits until traffic has flowed instead of sleeping.
+pub struct Hammer<T> {
+    calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    clients: Vec<tokio::task::JoinHandle<Vec<T>>>,
+}
+
+impl<T: Send + 'static> Hammer<T> {
+    /// `clients` tasks each calling `call` until stopped, keeping every answer in order.
+    pub fn start<F, Fut>(clients: usize, call: F) -> Hammer<T>
+    where
+        F: Fn() -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = T> + Send,
+    {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let calls = std::sync::Arc::new(AtomicU64::new(0));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let clients = (0..clients)
+            .map(|_| {
+                let (call, calls, stop) = (call.clone(), calls.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        seen.push(call().await);
+                        calls.fetch_add(1, Ordering::Relaxed);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        Hammer {
+            calls,
+            stop,
+            clients,
+        }
+    }
+
+    /// Waits until `n` more calls have been answered.
+    pub async fn wait_calls(&self, n: u64) {
+        use std::sync::atomic::Ordering;
+        let target = self.calls.load(Ordering::Relaxed) + n;
+        wait_until(&format!("{n} more calls answered"), || async {
+            self.calls.load(Ordering::Relaxed) >= target
+        })
+        .await;
+    }
+
+    /// Stops the clients; each one's answers, in order.
+    pub async fn stop(self) -> Vec<Vec<T>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut all = Vec::new();
+        for client in self.clients {
+            all.push(client.await.expect("a hammering client"));
+        }
+        all
+    }
+}

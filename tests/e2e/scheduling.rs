@@ -9,12 +9,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::harness::{
     TestServer, examples_repo, fixtures_repo, output, output_f32, shared_cache, temp_dir,
+    wait_until,
 };
 
 const SLOW_ECHO_IO: &str = r#"
@@ -85,29 +85,24 @@ enum Then {
 }
 
 async fn wait_for(s: &TestServer, then: Then) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let holds = match then {
+    wait_until("the queue state the next request needs", || async {
+        match then {
             Then::Started(model, n) => {
                 stats(s, model).await["inference_stats"]["queue"]["count"]
                     .as_u64()
                     .unwrap_or(0)
                     >= n
             }
-            Then::Queued(model, n) => s.metrics().await.contains(&format!(
-                "nv_inference_pending_request_count{{model=\"{model}\",version=\"1\"}} {n}\n"
-            )),
+            Then::Queued(model, n) => {
+                s.has_metric(&format!(
+                    "nv_inference_pending_request_count{{model=\"{model}\",version=\"1\"}} {n}"
+                ))
+                .await
+            }
             Then::Nothing => true,
-        };
-        if holds {
-            return;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server never reached the expected state"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
 }
 
 /// Sends the requests concurrently, each once the previous one's condition holds, and returns the

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{
     TestServer, fixtures_repo, largest_batch, output_f32, shared_cache, temp_dir, tessera_cli_as,
+    wait_until,
 };
 
 const ADMIN_KEY: &str = "e2e-admin-key-0123456789";
@@ -25,6 +26,22 @@ async fn start(repos: &[PathBuf], store: &Path, extra: &[&str]) -> TestServer {
     ];
     args.extend_from_slice(extra);
     TestServer::start(repos, &args, &shared_cache()).await
+}
+
+/// The value of the metric sample `name{labels}` (the admin reads `/metrics` with tenancy on).
+async fn metric(server: &TestServer, sample: &str) -> Option<u64> {
+    let text = server
+        .client
+        .get(format!("http://127.0.0.1:{}/metrics", server.metrics_port))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// Requests made with one key (or none).
@@ -510,7 +527,10 @@ async fn keys_quotas_and_the_registry_survive_sigkill() {
             .await
             .map(|r| r.status().as_u16())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the slow request is in flight", || async {
+        metric(&server, "tessera_tenant_inflight_requests{tenant=\"acme\"}").await == Some(1)
+    })
+    .await;
     let second = acme.infer("echo", 0.0).await;
     assert_eq!(second.status, 429, "{}", second.text);
     assert!(
@@ -763,7 +783,15 @@ async fn a_flooding_tenant_does_not_starve_another_on_a_shared_model() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until("the noisy tenant has its flood in flight", || async {
+        metric(
+            &server,
+            "tessera_tenant_inflight_requests{tenant=\"noisy\"}",
+        )
+        .await
+        .is_some_and(|n| n >= 12)
+    })
+    .await;
     let flooded = p99(&quiet, 20).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for f in flood {
