@@ -189,12 +189,21 @@ pub struct Admitted {
     _slot: OwnedSemaphorePermit,
     counters: Arc<TenantCounters>,
     started: Instant,
+    /// Set by [`Admitted::finish`]; a request dropped before it (its client went away) is
+    /// counted as a failure when the admission drops, so no request escapes the accounting.
+    ok: bool,
 }
 
 impl Admitted {
     /// Counts the request's outcome and time.
-    pub fn finish(self, ok: bool) {
-        let counter = if ok {
+    pub fn finish(mut self, ok: bool) {
+        self.ok = ok;
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let counter = if self.ok {
             &self.counters.success
         } else {
             &self.counters.failure
@@ -265,6 +274,7 @@ impl Tenant {
             _slot: slot,
             counters: self.counters.clone(),
             started: Instant::now(),
+            ok: false,
         })
     }
 }
@@ -877,8 +887,17 @@ mod tests {
         let busy = acme.admit().err().map(|e| e.message).unwrap_or_default();
         assert!(busy.contains("max_concurrent_requests"), "{busy}");
         first.finish(true);
-        let _second = acme.admit().map_err(|e| TenantError::Invalid(e.message))?;
-        drop(_second);
+        let second = acme.admit().map_err(|e| TenantError::Invalid(e.message))?;
+        // A request whose client went away is dropped unfinished: still counted, as a failure.
+        drop(second);
+        let counted = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!(
+            (
+                counted(&acme.counters.success),
+                counted(&acme.counters.failure)
+            ),
+            (1, 1)
+        );
         // Two per second with a burst of two: the third in the same instant waits.
         let limited = acme.admit().err().ok_or_else(|| unknown("a refusal"))?;
         assert!(limited.message.contains("requests_per_second"));

@@ -37,12 +37,27 @@ pub fn of_caller(caller: &str) -> Option<&str> {
 pub const FUNCTION_CALLER: &str = "function/";
 
 /// What `namespace` is shown of `text`: its own prefix removed wherever a key of it appears, so
-/// a tenant reads its names as it gave them.
+/// a tenant reads its names as it gave them. A key starts where a name can start (the start of
+/// the text, or after a character no name holds), so `tenant/` inside other text (a guest's
+/// message "bad data/x" for tenant `a`) is left as it is.
 pub fn present(namespace: Option<&str>, text: &str) -> String {
-    match namespace {
-        Some(tenant) => text.replace(&format!("{tenant}{SEPARATOR}"), ""),
-        None => text.to_owned(),
+    let Some(tenant) = namespace else {
+        return text.to_owned();
+    };
+    let prefix = format!("{tenant}{SEPARATOR}");
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(&prefix) {
+        let starts_a_key = !rest[..at].chars().next_back().is_some_and(name_char);
+        out.push_str(&rest[..at]);
+        if !starts_a_key {
+            out.push_str(&prefix);
+        }
+        rest = &rest[at + prefix.len()..];
     }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -66,5 +81,11 @@ mod tests {
             ),
             "Request for unknown model: 'm' is not found"
         );
+        // Only keys lose the prefix: not the same letters inside other words.
+        assert_eq!(
+            present(Some("a"), "a/x failed: bad data/x"),
+            "x failed: bad data/x"
+        );
+        assert_eq!(present(Some("a"), "(a/x) -> a/y"), "(x) -> y");
     }
 }
