@@ -1,13 +1,53 @@
 #!/usr/bin/env python3
-"""Prints the host's module import graph and fails if it has a cycle.
+"""Prints the host's module import graph and fails if it has a cycle or an import that climbs.
 
 Each file of host/src is a node (`foo/mod.rs` is `foo`); an edge is a `crate::a::b` or `super::x`
 path that leads into another module. A module and its own submodules are one unit (a backend and
 its private parts), so edges between them are not counted; `mod` declarations are not edges.
 Paths resolve to the longest module that exists. CI runs this: the layers must point one way
-(docs/architecture.md).
+(docs/architecture.md, whose layer table is LAYERS below): a module may import modules of its own
+layer or lower ones, never higher ones, and every module must have a layer.
+
+`--self-test` checks the checker on a made-up graph (CI runs it too).
 """
 import os, re, sys
+
+# The layers of docs/architecture.md, by module path prefix (the longest prefix decides).
+LAYERS = {
+    ("metrics",): 1, ("limits",): 1, ("scheduler", "rate_limit"): 1, ("device",): 1,
+    ("store",): 1,
+    ("backend",): 2,
+    ("scheduler",): 3, ("model",): 3, ("warmup",): 3,
+    ("tenants",): 3.5, ("shm",): 3.5,
+    ("repository",): 4, ("functions",): 4,
+    ("server",): 5,
+    ("protocol",): 6, ("cli",): 6, (): 6,
+}
+
+
+def layer_of(module, layers=LAYERS):
+    for n in range(len(module), -1, -1):
+        if tuple(module[:n]) in layers:
+            return layers[tuple(module[:n])]
+    return None
+
+
+def climbs(edges, layers=LAYERS):
+    """The imports that go up a layer, and the modules without a layer."""
+    unplaced = sorted(m for m in edges if layer_of(m, layers) is None)
+    up = sorted((a, b) for a, targets in edges.items() for b in targets
+                if None not in (layer_of(a, layers), layer_of(b, layers))
+                and layer_of(b, layers) > layer_of(a, layers))
+    return up, unplaced
+
+
+if "--self-test" in sys.argv:
+    toy = {("low",): {("high",)}, ("high",): {("low",)}, ("lost",): set()}
+    up, unplaced = climbs(toy, {("low",): 1, ("high",): 2})
+    assert up == [(("low",), ("high",))], up
+    assert unplaced == [("lost",)], unplaced
+    print("self-test: a climbing import and a module without a layer are caught")
+    sys.exit(0)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "host", "src")
 modules = {}
@@ -65,8 +105,13 @@ name = lambda m: "::".join(m) or "crate"
 for m in sorted(modules):
     print(f"{name(m):28} -> {', '.join(sorted(name(t) for t in edges[m]))}")
 cycles = [s for s in sccs if len(s) > 1]
-if cycles:
-    for c in cycles:
-        print("CYCLE:", " <-> ".join(sorted(name(m) for m in c)))
+for c in cycles:
+    print("CYCLE:", " <-> ".join(sorted(name(m) for m in c)))
+up, unplaced = climbs(edges)
+for a, b in up:
+    print(f"CLIMBS: {name(a)} (layer {layer_of(a)}) imports {name(b)} (layer {layer_of(b)})")
+for m in unplaced:
+    print(f"NO LAYER: {name(m)}: give it one in scripts/import-graph.py and docs/architecture.md")
+if cycles or up or unplaced:
     sys.exit(1)
-print("no cycle")
+print("no cycle, no import climbs a layer")

@@ -19,6 +19,15 @@
 
 use std::time::Duration;
 
+/// The bounds the front-ends' listeners apply to connections (`protocol::listen`).
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub exit_timeout: Duration,
+}
+
 /// The server-wide limits (see the module documentation for each one's reason).
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServerLimits {
@@ -93,8 +102,8 @@ impl ServerLimits {
     }
 
     /// The bounds the listeners apply to connections.
-    pub fn connections(&self) -> crate::protocol::listen::ConnectionLimits {
-        crate::protocol::listen::ConnectionLimits {
+    pub fn connections(&self) -> ConnectionLimits {
+        ConnectionLimits {
             max_connections: self.max_connections.max(1),
             header_read_timeout: Duration::from_secs(self.http_header_read_timeout_secs.max(1)),
             body_read_timeout: Duration::from_secs(self.http_body_read_timeout_secs.max(1)),

@@ -31,14 +31,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
-/// The bounds of [the module documentation](self).
-#[derive(Clone, Debug)]
-pub struct ConnectionLimits {
-    pub max_connections: usize,
-    pub header_read_timeout: Duration,
-    pub body_read_timeout: Duration,
-    pub exit_timeout: Duration,
-}
+pub use crate::limits::ConnectionLimits;
 
 /// Waits until `stop` turns true (or its sender is gone).
 async fn stopped(mut stop: watch::Receiver<bool>) {
