@@ -164,7 +164,7 @@ fn fingerprint(component: &[u8], manifest: &str) -> String {
     h.update(component);
     h.update([0]);
     h.update(manifest.as_bytes());
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(h.finalize())
 }
 
 impl Functions {

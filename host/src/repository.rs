@@ -103,7 +103,7 @@ impl Fingerprint {
             h.update(v.to_le_bytes());
             h.update(hash);
         }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(h.finalize())
     }
 }
 

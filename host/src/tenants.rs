@@ -505,7 +505,7 @@ impl Tenants {
                 .iter()
                 .find(|k| k.id == id)
                 .ok_or(AuthError::Invalid)?;
-            let expected = hex_decode(&record.hash).ok_or(AuthError::Invalid)?;
+            let expected = hex::decode(&record.hash).map_err(|_| AuthError::Invalid)?;
             return if self.matches(key, &expected) {
                 Ok(Caller::Tenant(tenant.clone()))
             } else {
@@ -637,13 +637,10 @@ impl Tenants {
     /// A new API key for `name`: `(id, key)`. The key is shown only now; the registry keeps its
     /// keyed hash.
     pub fn issue_key(&self, name: &str) -> Result<(String, String), TenantError> {
-        let id: String = random_bytes::<6>()?
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let id = hex::encode(random_bytes::<6>()?);
         let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes::<32>()?);
         let key = format!("{KEY_PREFIX}{id}_{secret}");
-        let hash: String = self.mac(&key).iter().map(|b| format!("{b:02x}")).collect();
+        let hash = hex::encode(self.mac(&key));
         self.change(|records| {
             let record = find(records, name)?;
             record.keys.push(KeyRecord {
@@ -778,13 +775,6 @@ fn info(record: &TenantRecord) -> TenantInfo {
     }
 }
 
-fn hex_decode(text: &str) -> Option<Vec<u8>> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -802,7 +792,7 @@ mod tests {
             pub fn new() -> Scratch {
                 let mut bytes = [0u8; 8];
                 let _ = getrandom::fill(&mut bytes);
-                let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                let name = hex::encode(bytes);
                 Scratch(std::env::temp_dir().join(format!("tessera-tenants-{name}")))
             }
         }

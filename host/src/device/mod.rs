@@ -320,14 +320,14 @@ fn c_string(chars: &[c_char]) -> String {
 
 /// A CUDA UUID in NVML's (and Triton's `gpu_uuid` label's) spelling.
 pub fn format_uuid(bytes: &[c_char; 16]) -> String {
-    let hex: Vec<String> = bytes.iter().map(|&b| format!("{:02x}", b as u8)).collect();
+    let bytes = bytes.map(|b| b as u8);
     format!(
         "GPU-{}-{}-{}-{}-{}",
-        hex[0..4].concat(),
-        hex[4..6].concat(),
-        hex[6..8].concat(),
-        hex[8..10].concat(),
-        hex[10..16].concat()
+        hex::encode(&bytes[0..4]),
+        hex::encode(&bytes[4..6]),
+        hex::encode(&bytes[6..8]),
+        hex::encode(&bytes[8..10]),
+        hex::encode(&bytes[10..16])
     )
 }
 

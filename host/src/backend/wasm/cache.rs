@@ -22,8 +22,7 @@ fn cache_key(engine: &Engine, bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{hex}-{:016x}", hasher.finish())
+    format!("{}-{:016x}", hex::encode(digest), hasher.finish())
 }
 
 /// Returns the compiled component, from the cache when possible.
