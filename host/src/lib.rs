@@ -24,6 +24,7 @@ pub mod scheduler;
 pub mod server;
 pub mod shm;
 pub mod store;
+pub mod telemetry;
 pub mod tenants;
 pub mod warmup;
 

@@ -9,6 +9,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use tessera::limits::ServerLimits;
 use tessera::repository::{LoadOptions, ModelState};
 use tessera::server::{ControlMode, Server, ServerOptions};
+use tessera::telemetry::{TraceConfig, Tracing};
 use tessera::tenants::{AdminKey, Caller};
 use tracing_subscriber::EnvFilter;
 
@@ -272,9 +273,20 @@ struct ServeArgs {
     /// Runtime's messages. For development; by default they are only logged, with the request id.
     #[arg(long, env = "TESSERA_VERBOSE_ERRORS", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     verbose_errors: bool,
+    /// Request tracing, as in tritonserver; repeatable: `mode=opentelemetry`, `rate=N`,
+    /// `level=OFF|TIMESTAMPS`, `opentelemetry,url=URL`, `opentelemetry,resource=NAME=VALUE`,
+    /// `opentelemetry,bsp_schedule_delay=MS` (docs/configuration.md#tracing).
+    #[arg(long)]
+    trace_config: Vec<String>,
 }
 
-fn init_logging(verbose: u8) {
+/// The log on stderr, and with `trace` the OpenTelemetry export of request spans. Each has its
+/// own filter: the request spans (`telemetry::TARGET`, DEBUG) are enabled only for the exporter,
+/// so without `--trace-config` nothing is interested in them and they cost nothing.
+fn init_logging(verbose: u8, trace: Option<&TraceConfig>) -> anyhow::Result<Option<Tracing>> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let default = match verbose {
         0 => "info",
         1 => "debug",
@@ -282,15 +294,37 @@ fn init_logging(verbose: u8) {
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!(
-            "{default},cranelift_codegen=warn,wasmtime_cranelift=warn,ort=warn"
+            "{default},cranelift_codegen=warn,wasmtime_cranelift=warn,ort=warn,{}=off",
+            tessera::telemetry::TARGET
         ))
     });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_target(false)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_filter(filter);
+    let (tracing, export) = match trace.filter(|t| t.enabled) {
+        Some(config) => {
+            let (tracing, tracer) = Tracing::start(config, tokio::runtime::Handle::current())
+                .map_err(anyhow::Error::msg)?;
+            let spans = tracing_subscriber::filter::Targets::new()
+                .with_target(tessera::telemetry::TARGET, tracing::Level::DEBUG);
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(spans);
+            (Some(tracing), Some(layer))
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry().with(log).with(export).init();
+    if let Some(config) = trace.filter(|t| t.enabled) {
+        tracing::info!(
+            url = %config.url,
+            rate = config.rate,
+            "tracing requests with OpenTelemetry"
+        );
+    }
+    Ok(tracing)
 }
 
 fn server_options(
@@ -468,12 +502,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-async fn start_core(args: &RepositoryArgs, options: ServerOptions) -> anyhow::Result<Arc<Server>> {
-    init_logging(args.log_verbose);
+async fn start_core(
+    args: &RepositoryArgs,
+    options: ServerOptions,
+    trace: Option<&TraceConfig>,
+) -> anyhow::Result<(Arc<Server>, Option<Tracing>)> {
+    let tracing = init_logging(args.log_verbose, trace)?;
     if let Err(e) = tessera::backend::onnx::init_runtime(args.onnxruntime_library.as_deref()) {
         tracing::warn!("{e}");
     }
-    Server::start(options).await
+    Ok((Server::start(options).await?, tracing))
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<()> {
@@ -482,7 +520,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<()> {
         "tessera check needs --model-repository"
     );
     let options = server_options(&args.repository, &args.limits, true, false);
-    let server = start_core(&args.repository, options).await?;
+    let (server, _) = start_core(&args.repository, options, None).await?;
     for line in server.limits().describe() {
         println!("limit\t{line}");
     }
@@ -537,7 +575,8 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     options.max_deployment_bytes = serve.max_deployment_bytes;
     options.function_dirs = serve.functions.clone();
     options.admin_key = admin_key(serve.admin_key_file.as_deref())?;
-    let server = start_core(&args, options).await?;
+    let trace = TraceConfig::parse(&serve.trace_config)?;
+    let (server, tracing) = start_core(&args, options, Some(&trace)).await?;
     let broken: Vec<_> = server
         .repository_index(&Caller::Operator, false)
         .into_iter()
@@ -652,6 +691,9 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     // Let queued work finish and handlers' `finalize` run before the process exits.
     server.shutdown().await;
+    if let Some(tracing) = tracing {
+        tokio::task::spawn_blocking(move || tracing.shutdown()).await?;
+    }
     Ok(())
 }
 

@@ -335,6 +335,30 @@ impl Server {
     /// checked), and a tenant's client request is admitted within its quotas, whoever sent it.
     pub async fn infer(
         &self,
+        mut cx: CallContext,
+        model: &str,
+        version: Option<i64>,
+        request: InferRequest,
+    ) -> InferResult {
+        use tracing::Instrument;
+        // One span per model a request reaches: the client's, each ensemble step, each BLS call.
+        let hop = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            parent: &cx.span,
+            "infer",
+            model,
+            version = version.unwrap_or(-1),
+            caller = cx.caller().unwrap_or(""),
+            request_id = cx.request_id,
+        );
+        cx.span = hop.clone();
+        self.infer_in_namespace(cx, model, version, request)
+            .instrument(hop)
+            .await
+    }
+
+    async fn infer_in_namespace(
+        &self,
         cx: CallContext,
         model: &str,
         version: Option<i64>,

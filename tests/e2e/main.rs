@@ -12,4 +12,5 @@ mod repository;
 mod sandbox;
 mod scheduling;
 mod tenants;
+mod tracing;
 mod wasm_handlers;

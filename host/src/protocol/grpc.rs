@@ -146,22 +146,42 @@ impl Grpc {
     async fn infer(
         &self,
         caller: &Caller,
+        trace: crate::protocol::TraceContext,
         message: pb::ModelInferRequest,
     ) -> Result<pb::ModelInferResponse, InferError> {
         let model = message.model_name.clone();
         let version = parse_version(&message.model_version)?;
         let decode = |regions: &dyn RegionReader| decode_request(message, regions);
+        let request = crate::protocol::ClientRequest {
+            model: &model,
+            version,
+            trace,
+        };
         let answer = crate::protocol::client_infer(
             &self.server,
             caller,
-            &model,
-            version,
+            request,
             self.verbose_errors,
             decode,
         )
         .await?;
         let (response, placed) = (answer.response, answer.placed);
         encode_response(response, &placed)
+    }
+}
+
+/// The W3C trace context a gRPC client sent in its metadata.
+fn trace_context<T>(request: &Request<T>) -> crate::protocol::TraceContext {
+    let text = |name: &str| {
+        request
+            .metadata()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    crate::protocol::TraceContext {
+        traceparent: text("traceparent"),
+        tracestate: text("tracestate"),
     }
 }
 
@@ -260,7 +280,8 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let caller = self.caller(&request)?;
-        self.infer(&caller, request.into_inner())
+        let trace = trace_context(&request);
+        self.infer(&caller, trace, request.into_inner())
             .await
             .map(Response::new)
             .map_err(|e| status(&e))
@@ -276,6 +297,8 @@ impl GrpcInferenceService for Grpc {
         request: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let caller = self.caller(&request)?;
+        // Each request of the stream is its own trace, under the stream's trace context.
+        let trace = trace_context(&request);
         let this = Grpc {
             server: self.server.clone(),
             verbose_errors: self.verbose_errors,
@@ -284,11 +307,11 @@ impl GrpcInferenceService for Grpc {
         let answers = request
             .into_inner()
             .map(move |message| {
-                let (this, caller) = (this.clone(), caller.clone());
+                let (this, caller, trace) = (this.clone(), caller.clone(), trace.clone());
                 async move {
                     let message = message?;
                     let id = message.id.clone();
-                    Ok(match this.infer(&caller, message).await {
+                    Ok(match this.infer(&caller, trace, message).await {
                         Ok(response) => pb::ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(response),

@@ -572,7 +572,9 @@ async fn run_function(
     path: String,
     request: axum::extract::Request,
 ) -> Response {
-    let cx = CallContext::root_for(caller.tenant());
+    let mut cx = CallContext::root_for(caller.tenant());
+    cx.span = super::TraceContext::from_headers(request.headers())
+        .function_span(&function, cx.request_id);
     let (mut parts, body) = request.into_parts();
     let mut uri = format!("/{path}");
     if let Some(query) = parts.uri.query() {
@@ -586,7 +588,10 @@ async fn run_function(
         }
     };
     let request = axum::http::Request::from_parts(parts, body);
-    match s.server.invoke_function(&cx, &function, request).await {
+    let span = cx.span.clone();
+    let invoked =
+        tracing::Instrument::instrument(s.server.invoke_function(&cx, &function, request), span);
+    match invoked.await {
         Ok(response) => response.map(Body::new),
         Err(e) => function_error(&e, s.verbose_errors, cx.request_id),
     }
@@ -907,19 +912,16 @@ async fn run_infer(
     let decode = |regions: &dyn super::kserve::RegionReader| {
         decode_request_with(&body, header_length, regions)
     };
-    let answer = match super::client_infer(
-        &s.server,
-        &caller,
-        &model,
+    let request = super::ClientRequest {
+        model: &model,
         version,
-        s.verbose_errors,
-        decode,
-    )
-    .await
-    {
-        Ok(answer) => answer,
-        Err(e) => return error_response(&e),
+        trace: super::TraceContext::from_headers(&headers),
     };
+    let answer =
+        match super::client_infer(&s.server, &caller, request, s.verbose_errors, decode).await {
+            Ok(answer) => answer,
+            Err(e) => return error_response(&e),
+        };
     let (response, placed) = (answer.response, answer.placed);
     let all_binary = matches!(
         answer.parameters.get("binary_data_output"),

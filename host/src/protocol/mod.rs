@@ -23,6 +23,69 @@ use crate::server::Server;
 use crate::tenants::Caller;
 use kserve::{NoSharedMemory, RegionReader};
 
+/// What a client asked to run, and the W3C trace context it sent.
+pub struct ClientRequest<'a> {
+    pub model: &'a str,
+    pub version: Option<i64>,
+    pub trace: TraceContext,
+}
+
+/// A client's W3C trace context (`traceparent`, `tracestate` headers or gRPC metadata).
+#[derive(Clone, Debug, Default)]
+pub struct TraceContext {
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+impl TraceContext {
+    /// From HTTP headers or gRPC metadata, read as headers.
+    pub fn from_headers(headers: &axum::http::HeaderMap) -> TraceContext {
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        TraceContext {
+            traceparent: text("traceparent"),
+            tracestate: text("tracestate"),
+        }
+    }
+
+    /// The root span of a client's inference, a child of the client's trace when it sent one.
+    pub fn request_span(&self, model: &str, request_id: u64) -> tracing::Span {
+        let span = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            parent: None,
+            "request",
+            model,
+            request_id
+        );
+        self.follow(span)
+    }
+
+    /// The root span of a function invocation.
+    pub fn function_span(&self, function: &str, request_id: u64) -> tracing::Span {
+        let span = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            parent: None,
+            "function",
+            function,
+            request_id
+        );
+        self.follow(span)
+    }
+
+    fn follow(&self, span: tracing::Span) -> tracing::Span {
+        crate::telemetry::follow_client(
+            &span,
+            self.traceparent.as_deref(),
+            self.tracestate.as_deref(),
+        );
+        span
+    }
+}
+
 /// What a client front-end gets back from [`client_infer`].
 pub struct ClientAnswer {
     pub response: InferResponse,
@@ -41,11 +104,15 @@ pub struct ClientAnswer {
 pub async fn client_infer(
     server: &Server,
     caller: &Caller,
-    model: &str,
-    version: Option<i64>,
+    request: ClientRequest<'_>,
     verbose_errors: bool,
     decode: impl FnOnce(&dyn RegionReader) -> Result<InferRequest, InferError>,
 ) -> Result<ClientAnswer, InferError> {
+    let ClientRequest {
+        model,
+        version,
+        trace,
+    } = request;
     let shm = server.shared_memory(caller);
     let regions: &dyn RegionReader = match shm {
         Some(shm) => shm,
@@ -55,8 +122,9 @@ pub async fn client_infer(
     let in_shared_memory: Vec<(String, SharedMemoryRef)> =
         crate::shm::requested_outputs(&request.outputs);
     let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
-    let cx = CallContext::root_for(caller.tenant());
+    let mut cx = CallContext::root_for(caller.tenant());
     let request_id = cx.request_id;
+    cx.span = trace.request_span(model, request_id);
     let response = server
         .infer(cx, model, version, request)
         .await

@@ -75,7 +75,14 @@ impl Scheduler {
         let deadline = queue_policy.deadline(now, request.timeout);
         let (reply, mut rx) = oneshot::channel();
         let claim = queue::Claim::default();
+        let queued = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            parent: &cx.span,
+            "queue",
+            priority_level = level
+        );
         let pending = Pending {
+            queued,
             claim: claim.clone(),
             rows: self.policy.rows_of(&request),
             shape_key: self.policy.shape_key(&request),
@@ -177,16 +184,28 @@ async fn run_batch(
     let mut calls = Vec::with_capacity(batch.len());
     let mut waiters = Vec::with_capacity(batch.len());
     let mut rows = 0;
+    let batch_size = batch.len();
+    let mut executing = Vec::with_capacity(batch_size);
     for pending in batch {
         if counted {
             stats.record_queue(started - pending.enqueued);
         }
+        // Dequeued: the queue span closes, the request's execution span opens.
+        drop(pending.queued);
+        executing.push(tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            parent: &pending.call.cx.span,
+            "execute",
+            batch_size,
+            rows = pending.rows
+        ));
         rows += pending.rows;
         calls.push(pending.call);
         waiters.push(pending.reply);
     }
     let expected = calls.len();
     let executed = executor.instance.execute(calls).await;
+    drop(executing);
     drop(permit);
     let _ = idle.send(executor);
     if counted {

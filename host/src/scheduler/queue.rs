@@ -43,6 +43,8 @@ impl Claim {
 pub struct Pending {
     pub claim: Claim,
     pub call: Call,
+    /// Open while the request waits in the queue (a trace's `queue` span).
+    pub queued: tracing::Span,
     pub reply: oneshot::Sender<InferResult>,
     pub enqueued: Instant,
     pub deadline: Option<Instant>,

@@ -276,6 +276,7 @@ impl WasmFunction {
             limits.execute_deadline,
             cx.request_id,
             cx.tenant.clone(),
+            cx.span.clone(),
         );
         let incoming = store
             .data_mut()

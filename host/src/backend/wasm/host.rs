@@ -77,6 +77,7 @@ impl WasmModel {
             self.limits.execute_deadline,
             0,
             None,
+            tracing::Span::none(),
         );
         let init = bindings
             .tessera_inference_handler()
@@ -262,6 +263,9 @@ pub struct HostState {
     request_id: u64,
     /// The tenant the current execution serves (the first of its batch), for its BLS calls.
     tenant: Option<std::sync::Arc<str>>,
+    /// The span of the request the current execution serves (the first of its batch): its BLS
+    /// calls are traced under it.
+    span: tracing::Span,
     /// `wasi:http` state (used by functions only: a model's linker has no `wasi:http`).
     http: WasiHttpCtx,
     outgoing: OutgoingPolicy,
@@ -335,6 +339,7 @@ impl HostState {
             deadline: None,
             request_id: 0,
             tenant: None,
+            span: tracing::Span::none(),
             http: WasiHttpCtx::new(),
             outgoing: OutgoingPolicy {
                 allowed_hosts: guest.allowed_hosts.clone(),
@@ -349,7 +354,9 @@ impl HostState {
         deadline: std::time::Duration,
         request_id: u64,
         tenant: Option<std::sync::Arc<str>>,
+        span: tracing::Span,
     ) {
+        self.span = span;
         self.chain = chain;
         self.tenant = tenant;
         self.request_id = request_id;
@@ -369,6 +376,8 @@ impl HostState {
     pub fn end_execution(&mut self) {
         self.chain.clear();
         self.deadline = None;
+        // A long-lived instance must not hold the last request's span open.
+        self.span = tracing::Span::none();
         self.counters
             .memory_high_water_bytes
             .fetch_max(self.limiter.high_water as u64, Ordering::Relaxed);
@@ -497,7 +506,7 @@ impl HostState {
             call_chain: self.chain.clone(),
             deadline: self.deadline,
             warmup: false,
-            span: tracing::debug_span!("bls", caller = %self.model),
+            span: self.span.clone(),
             tenant: self.tenant.clone(),
         }
     }

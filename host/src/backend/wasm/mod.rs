@@ -383,9 +383,11 @@ impl WasmInstance {
         };
         let chain = call_chain(&batch, &self.pre.name);
         // A batch may mix tenants of a shared model: its calls are metered to the first one's.
-        let (request_id, tenant) = batch
-            .first()
-            .map_or((0, None), |c| (c.cx.request_id, c.cx.tenant.clone()));
+        // Its BLS calls are traced under the first request's span.
+        let (request_id, tenant, span) =
+            batch.first().map_or((0, None, tracing::Span::none()), |c| {
+                (c.cx.request_id, c.cx.tenant.clone(), c.cx.span.clone())
+            });
         let requests: Vec<_> = batch
             .into_iter()
             .map(|c| convert::request_to_wit(c.request))
@@ -395,6 +397,7 @@ impl WasmInstance {
             self.pre.limits.execute_deadline,
             request_id,
             tenant,
+            span,
         );
         let limits = &self.pre.limits;
         live.store.set_epoch_deadline(1);
