@@ -19,7 +19,7 @@ LAYERS = {
     ("backend",): 2,
     ("scheduler",): 3, ("model",): 3, ("warmup",): 3,
     ("tenants",): 3.5, ("shm",): 3.5,
-    ("repository",): 4, ("functions",): 4,
+    ("repository",): 4, ("functions",): 4, ("deploy",): 4,
     ("server",): 5,
     ("protocol",): 6, ("cli",): 6, (): 6,
 }

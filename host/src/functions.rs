@@ -193,7 +193,7 @@ impl Functions {
         next.retain(|key, _| !key.starts_with(&prefix));
         self.table.store(Arc::new(next));
         if let Some(store) = &self.store
-            && let Err(e) = tokio::task::block_in_place(|| store.remove_tenant(tenant))
+            && let Err(e) = crate::deploy::disk(|| store.remove_tenant(tenant))
         {
             tracing::warn!(tenant, "removing the functions of a deleted tenant: {e}");
         }
@@ -325,32 +325,17 @@ impl Functions {
         {
             return Ok((LoadOutcome::Unchanged, m.current));
         }
-        let function = prepare(
-            runtime,
-            name,
-            upload.component.clone(),
-            manifest.clone(),
-            inference,
-            self.tenants.ceiling(name),
-        )
-        .await
-        .map_err(|e| ControlError::Invalid(format!("failed to deploy function '{name}': {e}")))?;
         let files = vec![
             (PathBuf::from(COMPONENT_FILE), upload.component),
             (PathBuf::from(MANIFEST_FILE), bytes::Bytes::from(manifest)),
         ];
-        let (stage_store, stage_name) = (store.clone(), name.to_owned());
-        let revision = tokio::task::spawn_blocking(move || {
-            let staged = stage_store.stage(&stage_name, &files)?;
-            let (revision, _) = stage_store.commit(staged)?;
-            stage_store.publish(&stage_name, revision, &hash)?;
-            Ok::<_, crate::store::StoreError>(revision)
-        })
-        .await
-        .map_err(|e| ControlError::Internal(e.to_string()))??;
-        self.set(name, Some(FunctionEntry::Ready(function)));
-        tracing::info!(function = name, revision, "deployed");
-        Ok((LoadOutcome::Loaded, revision))
+        let target = FunctionTarget {
+            functions: self,
+            runtime,
+            inference,
+        };
+        let deployed = crate::deploy::deploy(&store, &target, name, files).await?;
+        Ok((deployed.outcome, deployed.revision.unwrap_or(0)))
     }
 
     /// Loads `name` again from where it lives (its store revision or its folder).
@@ -371,7 +356,7 @@ impl Functions {
             .await
             .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
         if let Some(store) = &self.store {
-            tokio::task::block_in_place(|| store.set_loaded(name, true))?;
+            crate::deploy::set_loaded(store, name, true)?;
         }
         self.set(name, Some(FunctionEntry::Ready(function)));
         Ok(())
@@ -387,7 +372,7 @@ impl Functions {
             )));
         }
         if let Some(store) = &self.store {
-            tokio::task::block_in_place(|| store.set_loaded(name, false))?;
+            crate::deploy::set_loaded(store, name, false)?;
         }
         self.set(name, None);
         Ok(())
@@ -405,13 +390,13 @@ impl Functions {
             ControlError::NotAllowed("this server runs without a deployment store (--store)".into())
         })?;
         let _control = self.control.lock().await;
-        let (revision, dir, hash) = store.previous(name)?;
-        let function = load_one(runtime, name, &dir, inference, self.tenants.ceiling(name))
-            .await
-            .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
-        tokio::task::block_in_place(|| store.publish(name, revision, &hash))?;
-        self.set(name, Some(FunctionEntry::Ready(function)));
-        Ok(revision)
+        let target = FunctionTarget {
+            functions: self,
+            runtime,
+            inference,
+        };
+        let deployed = crate::deploy::rollback(&store, &target, name).await?;
+        Ok(deployed.revision.unwrap_or(0))
     }
 
     /// Where deployed functions are kept.
@@ -527,8 +512,14 @@ async fn load_one(
     ceiling: Option<WasmCeiling>,
 ) -> Result<Arc<WasmFunction>, String> {
     check_key(name).map_err(|e| e.to_string())?;
+    let (component, manifest) = read_folder(folder).await?;
+    prepare(runtime, name, component, manifest, inference, ceiling).await
+}
+
+/// A function folder's component and manifest (an empty manifest when it has none).
+async fn read_folder(folder: &Path) -> Result<(bytes::Bytes, String), String> {
     let folder = folder.to_owned();
-    let (component, manifest) = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let manifest_path = folder.join(MANIFEST_FILE);
         let text = match std::fs::read_to_string(&manifest_path) {
             Ok(t) => t,
@@ -541,8 +532,52 @@ async fn load_one(
         Ok((bytes::Bytes::from(bytes), text))
     })
     .await
-    .map_err(|e| format!("loading failed: {e}"))??;
-    prepare(runtime, name, component, manifest, inference, ceiling).await
+    .map_err(|e| format!("loading failed: {e}"))?
+}
+
+/// A function deployment: built from its store revision, swapped into the function table.
+struct FunctionTarget<'f> {
+    functions: &'f Functions,
+    runtime: &'f Arc<WasmRuntime>,
+    inference: Weak<dyn Inference>,
+}
+
+impl crate::deploy::Target for FunctionTarget<'_> {
+    /// The function, and the hash of its component and manifest.
+    type Built = (Arc<WasmFunction>, String);
+
+    async fn build(
+        &self,
+        key: &str,
+        _revision: u64,
+        dir: &Path,
+    ) -> Result<Option<Self::Built>, ControlError> {
+        let failed =
+            |e: String| ControlError::Invalid(format!("failed to deploy function '{key}': {e}"));
+        let (component, manifest) = read_folder(dir).await.map_err(failed)?;
+        let hash = fingerprint(&component, &manifest);
+        let ceiling = self.functions.tenants.ceiling(key);
+        let function = prepare(
+            self.runtime,
+            key,
+            component,
+            manifest,
+            self.inference.clone(),
+            ceiling,
+        )
+        .await
+        .map_err(failed)?;
+        Ok(Some((function, hash)))
+    }
+
+    fn hash(&self, built: &Self::Built) -> String {
+        built.1.clone()
+    }
+
+    async fn swap(&self, key: &str, built: Self::Built) -> Result<(), ControlError> {
+        self.functions.set(key, Some(FunctionEntry::Ready(built.0)));
+        Ok(())
+    }
 }
 
 /// Parses the manifest, then compiles and links the component (blocking work, off the workers).

@@ -13,6 +13,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod deploy;
 pub mod device;
 pub mod functions;
 pub mod limits;

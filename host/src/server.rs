@@ -52,13 +52,7 @@ pub struct LoadRequest {
     pub files: Vec<(String, Bytes)>,
 }
 
-/// What a load or rollback did, for the answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Deployed {
-    pub outcome: LoadOutcome,
-    /// The store revision that serves, for a deployment.
-    pub revision: Option<u64>,
-}
+pub use crate::deploy::Deployed;
 
 /// Server-wide settings (the command line, minus the ports).
 #[derive(Clone, Debug, Default)]
@@ -644,7 +638,7 @@ impl Server {
             if let (Some(store), Some(Origin::Store { revision })) =
                 (self.repository.store(), self.repository.origin(name))
             {
-                tokio::task::block_in_place(|| store.set_loaded(name, true))?;
+                crate::deploy::set_loaded(store, name, true)?;
                 return Ok(Deployed {
                     outcome,
                     revision: Some(revision),
@@ -675,75 +669,7 @@ impl Server {
             Bytes::from(crate::config::to_text(&config)),
         ));
         let control = self.repository.control().await;
-        let (stage_store, stage_name) = (store.clone(), name.to_owned());
-        let (revision, dir) = tokio::task::spawn_blocking(move || {
-            let staged = stage_store.stage(&stage_name, &files)?;
-            stage_store.commit(staged)
-        })
-        .await
-        .map_err(|e| ControlError::Internal(e.to_string()))??;
-        let source = ModelSource {
-            dir,
-            origin: Origin::Store { revision },
-            config_override: None,
-        };
-        self.swap_in(&control, &store, name, source, revision, None)
-            .await
-    }
-
-    /// Builds a store revision beside what serves, records it as current, then swaps it in.
-    /// `sha256`: the revision's hash when it is already in the manifest (a rollback).
-    async fn swap_in(
-        &self,
-        control: &crate::repository::Control<'_>,
-        store: &Store,
-        name: &str,
-        source: ModelSource,
-        revision: u64,
-        sha256: Option<String>,
-    ) -> Result<Deployed, ControlError> {
-        let rollback = sha256.is_some();
-        let built = match control.build(name, source).await {
-            Ok(built) => built,
-            Err(e) => {
-                if !rollback {
-                    tokio::task::block_in_place(|| store.discard(name, revision));
-                }
-                return Err(e);
-            }
-        };
-        let Some(candidate) = built else {
-            if !rollback {
-                tokio::task::block_in_place(|| store.discard(name, revision));
-            }
-            return Ok(Deployed {
-                outcome: LoadOutcome::Unchanged,
-                revision: None,
-            });
-        };
-        if !candidate.failures().is_empty() {
-            let result = control.publish(candidate).await;
-            if !rollback {
-                tokio::task::block_in_place(|| store.discard(name, revision));
-            }
-            return Err(result
-                .err()
-                .unwrap_or_else(|| ControlError::Internal(format!("failed to load '{name}'"))));
-        }
-        // Durable before it serves: a crash from here on restarts with this revision.
-        let hash = sha256.unwrap_or_else(|| candidate.fingerprint().sha256_hex());
-        if let Err(e) = tokio::task::block_in_place(|| store.publish(name, revision, &hash)) {
-            if !rollback {
-                tokio::task::block_in_place(|| store.discard(name, revision));
-            }
-            return Err(e.into());
-        }
-        control.publish(candidate).await?;
-        tracing::info!(model = name, revision, "deployed");
-        Ok(Deployed {
-            outcome: LoadOutcome::Loaded,
-            revision: Some(revision),
-        })
+        crate::deploy::deploy(&store, &ModelTarget(&control), name, files).await
     }
 
     /// Checks the paths and the total size of a deployment's files.
@@ -809,7 +735,7 @@ impl Server {
         if let Some(store) = self.repository.store() {
             for model in &unloaded {
                 if matches!(self.repository.origin(model), Some(Origin::Store { .. })) {
-                    tokio::task::block_in_place(|| store.set_loaded(model, false))?;
+                    crate::deploy::set_loaded(store, model, false)?;
                 }
             }
         }
@@ -832,14 +758,7 @@ impl Server {
             ControlError::NotAllowed("this server runs without a deployment store (--store)".into())
         })?;
         let control = self.repository.control().await;
-        let (revision, dir, sha256) = store.previous(name)?;
-        let source = ModelSource {
-            dir,
-            origin: Origin::Store { revision },
-            config_override: None,
-        };
-        self.swap_in(&control, &store, name, source, revision, Some(sha256))
-            .await
+        crate::deploy::rollback(&store, &ModelTarget(&control), name).await
     }
 
     /// Prometheus text for `/metrics`, with latency summaries when `summaries` is set.
@@ -1084,7 +1003,7 @@ impl Server {
     /// models and functions are unloaded and their files removed. A crash in between leaves
     /// files that the next start removes.
     pub async fn delete_tenant(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
-        tokio::task::block_in_place(|| self.tenants.delete(name))?;
+        crate::deploy::disk(|| self.tenants.delete(name))?;
         let prefix = namespace::qualify(Some(name), "");
         let models: Vec<String> = self
             .repository
@@ -1100,7 +1019,7 @@ impl Server {
             self.repository.control().await.forget(&key);
         }
         self.functions.remove_tenant(name).await;
-        tokio::task::block_in_place(|| {
+        crate::deploy::disk(|| {
             if let Some(store) = self.repository.store() {
                 store.remove_tenant(name)?;
             }
@@ -1125,6 +1044,48 @@ impl Server {
     pub async fn shutdown(&self) {
         self.repository.unload_all();
         self.wasm.drain(self.options.limits.drain_timeout()).await;
+    }
+}
+
+/// A model deployment: built beside what serves by the repository's control, swapped into the
+/// model table.
+struct ModelTarget<'c>(&'c crate::repository::Control<'c>);
+
+impl crate::deploy::Target for ModelTarget<'_> {
+    type Built = crate::repository::Candidate;
+
+    async fn build(
+        &self,
+        key: &str,
+        revision: u64,
+        dir: &std::path::Path,
+    ) -> Result<Option<Self::Built>, ControlError> {
+        let source = ModelSource {
+            dir: dir.to_owned(),
+            origin: Origin::Store { revision },
+            config_override: None,
+        };
+        let Some(candidate) = self.0.build(key, source).await? else {
+            return Ok(None);
+        };
+        if candidate.failures().is_empty() {
+            return Ok(Some(candidate));
+        }
+        // A deployment that fails changes nothing in the table; publishing it says why.
+        Err(self
+            .0
+            .publish(candidate)
+            .await
+            .err()
+            .unwrap_or_else(|| ControlError::Internal(format!("failed to load '{key}'"))))
+    }
+
+    fn hash(&self, built: &Self::Built) -> String {
+        built.fingerprint().sha256_hex()
+    }
+
+    async fn swap(&self, _key: &str, built: Self::Built) -> Result<(), ControlError> {
+        self.0.publish(built).await
     }
 }
 
