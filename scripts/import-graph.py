@@ -20,7 +20,7 @@ LAYERS = {
     ("scheduler",): 3, ("model",): 3, ("warmup",): 3,
     ("tenants",): 3.5, ("shm",): 3.5,
     ("repository",): 4, ("functions",): 4, ("deploy",): 4,
-    ("server",): 5,
+    ("server",): 5, ("api",): 5,
     ("protocol",): 6, ("cli",): 6, (): 6,
 }
 
@@ -30,6 +30,17 @@ def layer_of(module, layers=LAYERS):
         if tuple(module[:n]) in layers:
             return layers[tuple(module[:n])]
     return None
+
+
+# What the front-ends may import of the host: the API boundary, and the settings they apply.
+FRONT_END = ("protocol",)
+FRONT_END_MAY_USE = {("api",), ("limits",), ("telemetry",)}
+
+
+def reaches_in(edges):
+    """Imports from a front-end past the API boundary."""
+    return sorted((a, b) for a, targets in edges.items() for b in targets
+                  if a[:1] == FRONT_END and b[:1] != FRONT_END and b not in FRONT_END_MAY_USE)
 
 
 def climbs(edges, layers=LAYERS):
@@ -46,7 +57,10 @@ if "--self-test" in sys.argv:
     up, unplaced = climbs(toy, {("low",): 1, ("high",): 2})
     assert up == [(("low",), ("high",))], up
     assert unplaced == [("lost",)], unplaced
-    print("self-test: a climbing import and a module without a layer are caught")
+    assert reaches_in({("protocol", "x"): {("api",), ("store",), ("protocol",)}}) == [
+        (("protocol", "x"), ("store",))]
+    print("self-test: a climbing import, a module without a layer and a front-end reaching past "
+          "the API are caught")
     sys.exit(0)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "host", "src")
@@ -112,6 +126,9 @@ for a, b in up:
     print(f"CLIMBS: {name(a)} (layer {layer_of(a)}) imports {name(b)} (layer {layer_of(b)})")
 for m in unplaced:
     print(f"NO LAYER: {name(m)}: give it one in scripts/import-graph.py and docs/architecture.md")
-if cycles or up or unplaced:
+inside = reaches_in(edges)
+for a, b in inside:
+    print(f"PAST THE API: {name(a)} imports {name(b)}: front-ends use crate::api")
+if cycles or up or unplaced or inside:
     sys.exit(1)
-print("no cycle, no import climbs a layer")
+print("no cycle, no import climbs a layer, front-ends use only the API")

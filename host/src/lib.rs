@@ -11,6 +11,7 @@
 //! Ensemble steps and Wasm handlers' `infer` calls enter at `Server::infer` too, through the
 //! [`infer::Inference`] trait, so every request of a model shares one queue and one batcher.
 
+pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod deploy;

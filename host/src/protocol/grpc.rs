@@ -14,12 +14,12 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use crate::api::Caller;
+use crate::api::ControlError;
+use crate::api::{LoadRequest, Server};
+use crate::api::{StatsSnapshot, Tally};
 use crate::infer::{ErrorKind, InferError};
-use crate::metrics::{StatsSnapshot, Tally};
 use crate::protocol::kserve::RegionReader;
-use crate::repository::ControlError;
-use crate::server::{LoadRequest, Server};
-use crate::tenants::Caller;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod pb {
@@ -187,10 +187,10 @@ fn trace_context<T>(request: &Request<T>) -> crate::protocol::TraceContext {
 
 impl Grpc {
     /// The shared-memory registry, for the operator only.
-    fn shared_memory(&self, caller: &Caller) -> Result<&crate::shm::SharedMemory, Status> {
+    fn shared_memory(&self, caller: &Caller) -> Result<&crate::api::SharedMemory, Status> {
         self.server
             .shared_memory(caller)
-            .ok_or_else(|| Status::permission_denied(crate::shm::OPERATOR_ONLY))
+            .ok_or_else(|| Status::permission_denied(crate::api::SHARED_MEMORY_OPERATOR_ONLY))
     }
 }
 
@@ -551,8 +551,8 @@ impl GrpcInferenceService for Grpc {
     }
 }
 
-fn shm_status(e: &crate::shm::ShmError) -> Status {
-    use crate::shm::ShmError;
+fn shm_status(e: &crate::api::ShmError) -> Status {
+    use crate::api::ShmError;
     let code = match e {
         ShmError::Exists(_) => Code::AlreadyExists,
         ShmError::NotFound(_) => Code::NotFound,

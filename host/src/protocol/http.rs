@@ -13,12 +13,12 @@ use serde_json::{Value, json};
 
 use super::kserve::{Placement, decode_request_with, encode_response_placed};
 use super::status_of;
+use crate::api::Caller;
+use crate::api::{ControlError, LoadOutcome};
+use crate::api::{Deployed, FunctionError, LoadRequest, Server};
 use crate::config;
 use crate::infer::{CallContext, ErrorKind, InferError, ParamValue};
-use crate::repository::{ControlError, LoadOutcome};
-use crate::server::{Deployed, FunctionError, LoadRequest, Server};
 use crate::signature::TensorSpec;
-use crate::tenants::Caller;
 
 const HEADER_LENGTH: &str = "inference-header-content-length";
 
@@ -170,7 +170,7 @@ async fn authenticate(
     }
 }
 
-fn unauthorized(e: &crate::tenants::AuthError) -> Response {
+fn unauthorized(e: &crate::api::AuthError) -> Response {
     let mut response = (
         StatusCode::UNAUTHORIZED,
         axum::Json(json!({ "error": e.to_string() })),
@@ -270,7 +270,7 @@ async fn metrics(
             .map(HeaderValue::as_bytes);
         match server.tenants().authenticate(header) {
             Ok(Caller::Operator) => {}
-            Ok(Caller::Tenant(_)) => return unauthorized(&crate::tenants::AuthError::Invalid),
+            Ok(Caller::Tenant(_)) => return unauthorized(&crate::api::AuthError::Invalid),
             Err(e) => return unauthorized(&e),
         }
     }
@@ -600,7 +600,7 @@ async fn run_function(
 /// A function that gave no answer: JSON `{"error"}` with the status of the reason. What a guest
 /// printed or trapped with goes to the log, with the request id, unless `--verbose-errors`.
 fn function_error(e: &FunctionError, verbose: bool, request_id: u64) -> Response {
-    use crate::backend::wasm::InvokeError;
+    use crate::api::InvokeError;
     let status = match e {
         FunctionError::NotFound(_) => StatusCode::NOT_FOUND,
         FunctionError::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
@@ -795,7 +795,7 @@ async fn load_function(
         }
     }
     let upload = match (component, manifest) {
-        (Some(component), manifest) => Some(crate::functions::FunctionUpload {
+        (Some(component), manifest) => Some(crate::api::FunctionUpload {
             component,
             manifest,
         }),
@@ -974,8 +974,8 @@ fn refuse_tenant(caller: &Caller) -> Option<Response> {
     }
 }
 
-fn tenant_error(e: &crate::tenants::TenantError) -> Response {
-    use crate::tenants::TenantError;
+fn tenant_error(e: &crate::api::TenantError) -> Response {
+    use crate::api::TenantError;
     let status = match e {
         TenantError::NotFound(_) => StatusCode::NOT_FOUND,
         TenantError::Conflict(_) => StatusCode::CONFLICT,
@@ -992,7 +992,7 @@ fn tenant_error(e: &crate::tenants::TenantError) -> Response {
 fn admin<T: serde::Serialize>(
     caller: &Caller,
     status: StatusCode,
-    run: impl FnOnce() -> Result<T, crate::tenants::TenantError>,
+    run: impl FnOnce() -> Result<T, crate::api::TenantError>,
 ) -> Response {
     if let Some(refused) = refuse_tenant(caller) {
         return refused;
@@ -1009,7 +1009,7 @@ async fn list_tenants(State(s): State<AppState>, Extension(caller): Extension<Ca
         if s.server.tenants().enabled() {
             Ok(s.server.tenants().list())
         } else {
-            Err(crate::tenants::TenantError::Disabled)
+            Err(crate::api::TenantError::Disabled)
         }
     })
 }
@@ -1024,7 +1024,7 @@ async fn create_tenant(
         .ok()
         .and_then(|v| v.get("name").and_then(Value::as_str).map(str::to_owned));
     let Some(name) = name else {
-        return tenant_error(&crate::tenants::TenantError::Invalid(
+        return tenant_error(&crate::api::TenantError::Invalid(
             "the body must be a JSON object with the tenant's name, e.g. {\"name\": \"acme\"}"
                 .into(),
         ));
@@ -1096,7 +1096,7 @@ async fn set_quotas(
     let patch = match serde_json::from_slice::<Value>(&body) {
         Ok(v) => v,
         Err(e) => {
-            return tenant_error(&crate::tenants::TenantError::Invalid(format!(
+            return tenant_error(&crate::api::TenantError::Invalid(format!(
                 "the body is not valid JSON: {e}"
             )));
         }
@@ -1134,7 +1134,7 @@ async fn revoke_grant(
     })
 }
 
-fn shm_error(e: &crate::shm::ShmError) -> Response {
+fn shm_error(e: &crate::api::ShmError) -> Response {
     (
         StatusCode::BAD_REQUEST,
         axum::Json(json!({ "error": e.to_string() })),
@@ -1146,12 +1146,12 @@ fn shm_error(e: &crate::shm::ShmError) -> Response {
 fn shared_memory<'s>(
     s: &'s AppState,
     caller: &Caller,
-) -> Result<&'s crate::shm::SharedMemory, Box<Response>> {
+) -> Result<&'s crate::api::SharedMemory, Box<Response>> {
     s.server.shared_memory(caller).ok_or_else(|| {
         Box::new(
             (
                 StatusCode::FORBIDDEN,
-                axum::Json(json!({ "error": crate::shm::OPERATOR_ONLY })),
+                axum::Json(json!({ "error": crate::api::SHARED_MEMORY_OPERATOR_ONLY })),
             )
                 .into_response(),
         )

@@ -1,4 +1,4 @@
-//! Protocol front-ends: decode a request, call [`crate::server::Server::infer`], encode the answer.
+//! Protocol front-ends: decode a request, call [`crate::api::Server::infer`], encode the answer.
 //!
 //! Every client front-end runs the same inference step, [`client_infer`]; only decoding and
 //! encoding differ between protocols.
@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 
 use axum::http::StatusCode;
 
+use crate::api::Caller;
+use crate::api::Server;
 use crate::infer::{CallContext, ErrorKind, InferError, InferRequest, InferResponse, ParamValue};
 use crate::infer::{RequestedOutput, SharedMemoryRef};
-use crate::server::Server;
-use crate::tenants::Caller;
 use kserve::{NoSharedMemory, RegionReader};
 
 /// What a client asked to run, and the W3C trace context it sent.
@@ -120,7 +120,7 @@ pub async fn client_infer(
     };
     let request = decode(regions)?;
     let in_shared_memory: Vec<(String, SharedMemoryRef)> =
-        crate::shm::requested_outputs(&request.outputs);
+        crate::api::requested_outputs(&request.outputs);
     let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
     let mut cx = CallContext::root_for(caller.tenant());
     let request_id = cx.request_id;
@@ -129,7 +129,7 @@ pub async fn client_infer(
         .infer(cx, model, version, request)
         .await
         .map_err(|e| e.for_client(verbose_errors, request_id))?;
-    let placed = crate::shm::write_outputs(shm, &in_shared_memory, &response.outputs)?;
+    let placed = crate::api::write_outputs(shm, &in_shared_memory, &response.outputs)?;
     Ok(ClientAnswer {
         response,
         placed,
