@@ -12,13 +12,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::Caller;
-use crate::api::ControlError;
 use crate::api::{LoadRequest, Server};
 use crate::api::{StatsSnapshot, Tally};
-use crate::infer::{ErrorKind, InferError};
+use crate::infer::InferError;
 use crate::protocol::kserve::RegionReader;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -93,38 +92,10 @@ impl health_pb::health_server::Health for Health {
     }
 }
 
-/// The gRPC code Triton uses for each kind of error.
-pub fn code_of(kind: ErrorKind) -> Code {
-    match kind {
-        ErrorKind::NotFound => Code::NotFound,
-        ErrorKind::Unavailable | ErrorKind::Timeout => Code::Unavailable,
-        ErrorKind::InvalidArgument => Code::InvalidArgument,
-        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
-        ErrorKind::Internal => Code::Internal,
-    }
-}
-
-/// An inference error as a gRPC status; a quota's wait goes in `retry-after` metadata.
-fn status(e: &InferError) -> Status {
-    let mut status = Status::new(code_of(e.kind), e.message.clone());
-    if let Some(value) = e
-        .retry_after_secs()
-        .and_then(|s| s.to_string().parse().ok())
-    {
-        status.metadata_mut().insert("retry-after", value);
-    }
-    status
-}
-
-fn control_status(e: &ControlError) -> Status {
-    let code = match e {
-        ControlError::NotFound(_) => Code::NotFound,
-        ControlError::Invalid(_) | ControlError::NotAllowed(_) => Code::InvalidArgument,
-        ControlError::TooLarge(_) => Code::ResourceExhausted,
-        ControlError::Forbidden(_) => Code::PermissionDenied,
-        ControlError::Internal(_) => Code::Internal,
-    };
-    Status::new(code, e.to_string())
+/// An error as a gRPC status, with the code Triton uses (`protocol::error` maps every error once,
+/// for HTTP and gRPC alike); a quota's wait goes in `retry-after` metadata.
+fn status(e: impl Into<crate::protocol::ApiError>) -> Status {
+    Status::from(e.into())
 }
 
 use tessera_core::kserve::parse_model_version as parse_version;
@@ -416,7 +387,7 @@ impl GrpcInferenceService for Grpc {
         self.server
             .load_model(&caller, &r.model_name, load)
             .await
-            .map_err(|e| control_status(&e))?;
+            .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -441,7 +412,7 @@ impl GrpcInferenceService for Grpc {
         self.server
             .unload_model(&caller, &r.model_name, dependents)
             .await
-            .map_err(|e| control_status(&e))?;
+            .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
@@ -455,7 +426,7 @@ impl GrpcInferenceService for Grpc {
         let name = request.into_inner().name;
         let regions = shm
             .status((!name.is_empty()).then_some(name.as_str()))
-            .map_err(|e| shm_status(&e))?;
+            .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SystemSharedMemoryStatusResponse {
             regions: regions
                 .into_iter()
@@ -483,7 +454,7 @@ impl GrpcInferenceService for Grpc {
             usize::try_from(n).map_err(|_| Status::invalid_argument("offset or size too large"))
         };
         shm.register(&r.name, &r.key, size(r.offset)?, size(r.byte_size)?)
-            .map_err(|e| shm_status(&e))?;
+            .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
     }
 
@@ -495,7 +466,7 @@ impl GrpcInferenceService for Grpc {
         let shm = self.shared_memory(&caller)?;
         let name = request.into_inner().name;
         shm.unregister((!name.is_empty()).then_some(name.as_str()))
-            .map_err(|e| shm_status(&e))?;
+            .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }
 
@@ -549,16 +520,6 @@ impl GrpcInferenceService for Grpc {
             "log settings are not supported (use --log-verbose or RUST_LOG)",
         ))
     }
-}
-
-fn shm_status(e: &crate::api::ShmError) -> Status {
-    use crate::api::ShmError;
-    let code = match e {
-        ShmError::Exists(_) => Code::AlreadyExists,
-        ShmError::NotFound(_) => Code::NotFound,
-        ShmError::Invalid(_) => Code::InvalidArgument,
-    };
-    Status::new(code, e.to_string())
 }
 
 fn cuda_unsupported() -> Status {

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post, put};
 use serde_json::{Value, json};
 
+use super::ApiError;
 use super::kserve::{Placement, decode_request_with, encode_response_placed};
-use super::status_of;
 use crate::api::Caller;
 use crate::api::{ControlError, LoadOutcome};
 use crate::api::{Deployed, FunctionError, LoadRequest, Server};
@@ -166,20 +166,8 @@ async fn authenticate(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(e) => unauthorized(&e),
+        Err(e) => error_response(&e),
     }
-}
-
-fn unauthorized(e: &crate::api::AuthError) -> Response {
-    let mut response = (
-        StatusCode::UNAUTHORIZED,
-        axum::Json(json!({ "error": e.to_string() })),
-    )
-        .into_response();
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
 }
 
 /// Every error answer carries a KServe v2 error body, `{"error": "..."}`, including those axum
@@ -270,8 +258,8 @@ async fn metrics(
             .map(HeaderValue::as_bytes);
         match server.tenants().authenticate(header) {
             Ok(Caller::Operator) => {}
-            Ok(Caller::Tenant(_)) => return unauthorized(&crate::api::AuthError::Invalid),
-            Err(e) => return unauthorized(&e),
+            Ok(Caller::Tenant(_)) => return error_response(&crate::api::AuthError::Invalid),
+            Err(e) => return error_response(&e),
         }
     }
     let mut r = Response::new(Body::from(server.metrics_text(summaries)));
@@ -282,17 +270,10 @@ async fn metrics(
     r
 }
 
-/// A KServe v2 error: `{"error": "..."}` with the status the error kind maps to, and
-/// `Retry-After` when a quota says when to retry.
-fn error_response(e: &InferError) -> Response {
-    let mut response =
-        (status_of(e.kind), axum::Json(json!({ "error": e.message }))).into_response();
-    if let Some(seconds) = e.retry_after_secs() {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    }
-    response
+/// An error as an HTTP answer: a KServe v2 `{"error": "..."}` body with the status Triton uses
+/// (`protocol::error` maps every error once, for HTTP and gRPC alike).
+fn error_response(e: impl Into<ApiError>) -> Response {
+    e.into().into_response()
 }
 
 fn json_ok(v: Value) -> Response {
@@ -499,7 +480,7 @@ async fn repository_index(
         match serde_json::from_slice::<Value>(&body) {
             Ok(Value::Object(o)) => o.get("ready").and_then(Value::as_bool).unwrap_or(false),
             _ => {
-                return error_response(&InferError::invalid(
+                return error_response(InferError::invalid(
                     "the index request body must be a JSON object, e.g. {\"ready\": true}",
                 ));
             }
@@ -584,7 +565,7 @@ async fn run_function(
     parts.uri = match uri.parse() {
         Ok(u) => u,
         Err(e) => {
-            return error_response(&InferError::invalid(format!("invalid path: {e}")));
+            return error_response(InferError::invalid(format!("invalid path: {e}")));
         }
     };
     let request = axum::http::Request::from_parts(parts, body);
@@ -630,18 +611,6 @@ fn function_error(e: &FunctionError, verbose: bool, request_id: u64) -> Response
     response
 }
 
-/// A model-control error, with the status Triton uses (400 for most) or a more precise one.
-fn control_error(e: &ControlError) -> Response {
-    let status = match e {
-        ControlError::NotFound(_) => StatusCode::NOT_FOUND,
-        ControlError::Invalid(_) | ControlError::NotAllowed(_) => StatusCode::BAD_REQUEST,
-        ControlError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-        ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
-        ControlError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    (status, axum::Json(json!({ "error": e.to_string() }))).into_response()
-}
-
 /// The `parameters` object of a repository request body (empty body: none).
 fn control_parameters(body: &[u8]) -> Result<serde_json::Map<String, Value>, ControlError> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -674,7 +643,7 @@ async fn deployment_parameters(
     let body = read_body(body, limit, "--max-deployment-bytes")
         .await
         .map_err(Box::new)?;
-    control_parameters(&body).map_err(|e| Box::new(control_error(&e)))
+    control_parameters(&body).map_err(|e| Box::new(error_response(&e)))
 }
 
 /// `POST /v2/repository/models/{m}/load`: `config` (a JSON string) and `file:<path>` (base64)
@@ -692,7 +661,7 @@ async fn load_model(
     };
     let mut request = LoadRequest::default();
     for (key, value) in parameters {
-        let invalid = |m: String| control_error(&ControlError::Invalid(m));
+        let invalid = |m: String| error_response(&ControlError::Invalid(m));
         if key == "config" {
             match value {
                 Value::String(text) => request.config = Some(text),
@@ -716,7 +685,7 @@ async fn load_model(
     }
     match s.server.load_model(&caller, &model, request).await {
         Ok(d) => json_ok(deployed_json(&model, &d)),
-        Err(e) => control_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -743,20 +712,20 @@ async fn unload_model(
 ) -> Response {
     let parameters = match control_parameters(&body) {
         Ok(p) => p,
-        Err(e) => return control_error(&e),
+        Err(e) => return error_response(&e),
     };
     let dependents = match parameters.get("unload_dependents") {
         None => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => {
-            return control_error(&ControlError::Invalid(
+            return error_response(&ControlError::Invalid(
                 "'unload_dependents' must be true or false".into(),
             ));
         }
     };
     match s.server.unload_model(&caller, &model, dependents).await {
         Ok(unloaded) => json_ok(json!({ "model": model, "unloaded": unloaded })),
-        Err(e) => control_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -776,7 +745,7 @@ async fn load_function(
     };
     let (mut component, mut manifest) = (None, None);
     for (key, value) in parameters {
-        let invalid = |m: String| control_error(&ControlError::Invalid(m));
+        let invalid = |m: String| error_response(&ControlError::Invalid(m));
         match (key.as_str(), value) {
             ("manifest", Value::String(text)) => manifest = Some(text),
             ("file:function.wasm", Value::String(encoded)) => {
@@ -800,7 +769,7 @@ async fn load_function(
             manifest,
         }),
         (None, Some(_)) => {
-            return control_error(&ControlError::Invalid(
+            return error_response(&ControlError::Invalid(
                 "a manifest needs its component ('file:function.wasm')".into(),
             ));
         }
@@ -808,7 +777,7 @@ async fn load_function(
     };
     match s.server.load_function(&caller, &function, upload).await {
         Ok(d) => json_ok(deployed_json(&function, &d)),
-        Err(e) => control_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -819,7 +788,7 @@ async fn unload_function(
 ) -> Response {
     match s.server.unload_function(&caller, &function).await {
         Ok(()) => json_ok(json!({ "function": function, "unloaded": true })),
-        Err(e) => control_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -830,7 +799,7 @@ async fn rollback_function(
 ) -> Response {
     match s.server.rollback_function(&caller, &function).await {
         Ok(d) => json_ok(deployed_json(&function, &d)),
-        Err(e) => control_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -842,7 +811,7 @@ async fn rollback_model(
 ) -> Response {
     match s.server.rollback(&caller, &model).await {
         Ok(d) => json_ok(deployed_json(&model, &d)),
-        Err(e) => control_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -880,7 +849,7 @@ async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Respon
             )
                 .into_response()
         } else {
-            error_response(&InferError::invalid(format!("failed to read the request body: {e}")))
+            error_response(InferError::invalid(format!("failed to read the request body: {e}")))
         }
     })
 }
@@ -904,7 +873,7 @@ async fn run_infer(
         None => None,
         Some(Some(n)) => Some(n),
         Some(None) => {
-            return error_response(&InferError::invalid(
+            return error_response(InferError::invalid(
                 "Inference-Header-Content-Length must be a non-negative integer",
             ));
         }
@@ -974,20 +943,6 @@ fn refuse_tenant(caller: &Caller) -> Option<Response> {
     }
 }
 
-fn tenant_error(e: &crate::api::TenantError) -> Response {
-    use crate::api::TenantError;
-    let status = match e {
-        TenantError::NotFound(_) => StatusCode::NOT_FOUND,
-        TenantError::Conflict(_) => StatusCode::CONFLICT,
-        TenantError::Invalid(_) | TenantError::Disabled => StatusCode::BAD_REQUEST,
-        TenantError::Store(inner) => {
-            tracing::error!("tenant registry: {inner}");
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
-    };
-    (status, axum::Json(json!({ "error": e.to_string() }))).into_response()
-}
-
 /// Runs an admin request (blocking on the registry's disk write) and answers its JSON.
 fn admin<T: serde::Serialize>(
     caller: &Caller,
@@ -999,7 +954,7 @@ fn admin<T: serde::Serialize>(
     }
     match tokio::task::block_in_place(run) {
         Ok(v) => (status, axum::Json(v)).into_response(),
-        Err(e) => tenant_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -1024,7 +979,7 @@ async fn create_tenant(
         .ok()
         .and_then(|v| v.get("name").and_then(Value::as_str).map(str::to_owned));
     let Some(name) = name else {
-        return tenant_error(&crate::api::TenantError::Invalid(
+        return error_response(&crate::api::TenantError::Invalid(
             "the body must be a JSON object with the tenant's name, e.g. {\"name\": \"acme\"}"
                 .into(),
         ));
@@ -1054,7 +1009,7 @@ async fn delete_tenant(
     }
     match s.server.delete_tenant(&tenant).await {
         Ok(()) => json_ok(json!({ "tenant": tenant, "deleted": true })),
-        Err(e) => tenant_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -1096,7 +1051,7 @@ async fn set_quotas(
     let patch = match serde_json::from_slice::<Value>(&body) {
         Ok(v) => v,
         Err(e) => {
-            return tenant_error(&crate::api::TenantError::Invalid(format!(
+            return error_response(&crate::api::TenantError::Invalid(format!(
                 "the body is not valid JSON: {e}"
             )));
         }
@@ -1134,14 +1089,6 @@ async fn revoke_grant(
     })
 }
 
-fn shm_error(e: &crate::api::ShmError) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        axum::Json(json!({ "error": e.to_string() })),
-    )
-        .into_response()
-}
-
 /// The registry, for the operator only (403 for a tenant).
 fn shared_memory<'s>(
     s: &'s AppState,
@@ -1172,7 +1119,7 @@ fn shm_status(s: &AppState, caller: &Caller, region: Option<&str>) -> Response {
                 })
                 .collect(),
         )),
-        Err(e) => shm_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -1215,14 +1162,14 @@ async fn shm_register(
     let r: Register = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return error_response(&InferError::invalid(format!(
+            return error_response(InferError::invalid(format!(
                 "the register request must be {{\"key\", \"offset\", \"byte_size\"}}: {e}"
             )));
         }
     };
     match shm.register(&region, &r.key, r.offset, r.byte_size) {
         Ok(()) => json_ok(json!({})),
-        Err(e) => shm_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -1233,7 +1180,7 @@ fn shm_unregister(s: &AppState, caller: &Caller, region: Option<&str>) -> Respon
     };
     match shm.unregister(region) {
         Ok(()) => json_ok(json!({})),
-        Err(e) => shm_error(&e),
+        Err(e) => error_response(&e),
     }
 }
 

@@ -6,20 +6,21 @@
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
 //! - [`http`]: KServe v2 over HTTP/REST.
 //! - [`grpc`]: KServe v2 over gRPC.
+//! - [`error`]: the one error type both answer with.
 //! - [`listen`]: accepting and closing connections within bounds (timeouts, limits, drain).
 
+pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod listen;
+pub use error::ApiError;
 pub use tessera_core::kserve;
 
 use std::collections::BTreeMap;
 
-use axum::http::StatusCode;
-
 use crate::api::Caller;
 use crate::api::Server;
-use crate::infer::{CallContext, ErrorKind, InferError, InferRequest, InferResponse, ParamValue};
+use crate::infer::{CallContext, InferError, InferRequest, InferResponse, ParamValue};
 use crate::infer::{RequestedOutput, SharedMemoryRef};
 use kserve::{NoSharedMemory, RegionReader};
 
@@ -136,15 +137,4 @@ pub async fn client_infer(
         requested,
         parameters,
     })
-}
-
-/// The HTTP status Triton uses for each kind of error.
-pub fn status_of(kind: ErrorKind) -> StatusCode {
-    match kind {
-        ErrorKind::NotFound => StatusCode::NOT_FOUND,
-        ErrorKind::Unavailable | ErrorKind::Timeout => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
-        ErrorKind::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-    }
 }
