@@ -47,6 +47,20 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
         max_body,
         verbose_errors,
     };
+    // Who may call what is read here, not from where layers sit between routes: every route
+    // but health needs a key once tenancy is on.
+    let needs_key =
+        kserve_routes()
+            .merge(function_routes())
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                authenticate,
+            ));
+    needs_key.merge(health_routes()).with_state(state)
+}
+
+/// KServe v2 and Triton's extensions, the admin API: every error answer has a KServe body.
+fn kserve_routes() -> Router<AppState> {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/models/stats", get(all_stats))
@@ -74,23 +88,20 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
         .route("/v2/models/{model}/config", get(model_config))
         .route("/v2/models/{model}/stats", get(model_stats))
         .route("/v2/models/{model}/infer", post(infer))
-        .route(
-            "/v2/models/{model}/versions/{version}",
-            get(model_metadata_v),
-        )
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata))
         .route(
             "/v2/models/{model}/versions/{version}/ready",
-            get(model_ready_v),
+            get(model_ready),
         )
         .route(
             "/v2/models/{model}/versions/{version}/config",
-            get(model_config_v),
+            get(model_config),
         )
         .route(
             "/v2/models/{model}/versions/{version}/stats",
-            get(model_stats_v),
+            get(model_stats),
         )
-        .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer))
         .route("/v2/systemsharedmemory/status", get(shm_status_all))
         .route(
             "/v2/systemsharedmemory/region/{region}/status",
@@ -127,18 +138,20 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
         // The infer handler enforces the limit itself, with a KServe error body.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::map_response(kserve_error_body))
-        // Added after that layer, so a function's answers reach its caller as the function
-        // wrote them.
+}
+
+/// Functions: their answers reach the caller as the function wrote them.
+fn function_routes() -> Router<AppState> {
+    Router::new()
         .route("/v1/functions", get(list_functions))
         .route("/v1/functions/{function}", any(invoke_function_root))
         .route("/v1/functions/{function}/", any(invoke_function_root))
         .route("/v1/functions/{function}/{*path}", any(invoke_function))
-        // Everything above needs a key once tenancy is on.
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            authenticate,
-        ))
-        // Open, with Triton's bare-status answers.
+}
+
+/// Health: open to anyone, with Triton's bare-status answers.
+fn health_routes() -> Router<AppState> {
+    Router::new()
         .route(
             "/v2/health/live",
             get(live).fallback(health_method_not_allowed),
@@ -147,7 +160,6 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
             "/v2/health/ready",
             get(ready).fallback(health_method_not_allowed),
         )
-        .with_state(state)
 }
 
 /// Finds who is calling (`Authorization: Bearer <key>`) and hands it to the route as a
@@ -330,6 +342,35 @@ fn parse_version(v: &str) -> Result<i64, InferError> {
     })
 }
 
+/// The model a route names, and its version when the path has `/versions/{version}`: one
+/// handler serves both forms of each route.
+struct ModelRef {
+    model: String,
+    version: Option<i64>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ModelRef {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Response> {
+        let Path(mut params) =
+            Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, state)
+                .await
+                .map_err(IntoResponse::into_response)?;
+        let version = match params.get("version") {
+            Some(v) => Some(parse_version(v).map_err(error_response)?),
+            None => None,
+        };
+        Ok(ModelRef {
+            model: params.remove("model").unwrap_or_default(),
+            version,
+        })
+    }
+}
+
 fn metadata(
     s: &AppState,
     caller: &Caller,
@@ -355,19 +396,9 @@ fn metadata(
 async fn model_metadata(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(model): Path<String>,
+    target: ModelRef,
 ) -> Response {
-    metadata(&s, &caller, &model, None).map_or_else(|e| error_response(&e), json_ok)
-}
-
-async fn model_metadata_v(
-    State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((model, version)): Path<(String, String)>,
-) -> Response {
-    parse_version(&version)
-        .and_then(|v| metadata(&s, &caller, &model, Some(v)))
-        .map_or_else(|e| error_response(&e), json_ok)
+    metadata(&s, &caller, &target.model, target.version).map_or_else(error_response, json_ok)
 }
 
 fn readiness(s: &AppState, caller: &Caller, model: &str, version: Option<i64>) -> Response {
@@ -386,20 +417,9 @@ fn readiness(s: &AppState, caller: &Caller, model: &str, version: Option<i64>) -
 async fn model_ready(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(model): Path<String>,
+    target: ModelRef,
 ) -> Response {
-    readiness(&s, &caller, &model, None)
-}
-
-async fn model_ready_v(
-    State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((model, version)): Path<(String, String)>,
-) -> Response {
-    match parse_version(&version) {
-        Ok(v) => readiness(&s, &caller, &model, Some(v)),
-        Err(e) => error_response(&e),
-    }
+    readiness(&s, &caller, &target.model, target.version)
 }
 
 fn model_config_json(
@@ -416,19 +436,10 @@ fn model_config_json(
 async fn model_config(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(model): Path<String>,
+    target: ModelRef,
 ) -> Response {
-    model_config_json(&s, &caller, &model, None).map_or_else(|e| error_response(&e), json_ok)
-}
-
-async fn model_config_v(
-    State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((model, version)): Path<(String, String)>,
-) -> Response {
-    parse_version(&version)
-        .and_then(|v| model_config_json(&s, &caller, &model, Some(v)))
-        .map_or_else(|e| error_response(&e), json_ok)
+    model_config_json(&s, &caller, &target.model, target.version)
+        .map_or_else(error_response, json_ok)
 }
 
 fn stats_json(
@@ -453,19 +464,10 @@ async fn all_stats(State(s): State<AppState>, Extension(caller): Extension<Calle
 async fn model_stats(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(model): Path<String>,
+    target: ModelRef,
 ) -> Response {
-    stats_json(&s, &caller, Some(&model), None).map_or_else(|e| error_response(&e), json_ok)
-}
-
-async fn model_stats_v(
-    State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((model, version)): Path<(String, String)>,
-) -> Response {
-    parse_version(&version)
-        .and_then(|v| stats_json(&s, &caller, Some(&model), Some(v)))
-        .map_or_else(|e| error_response(&e), json_ok)
+    stats_json(&s, &caller, Some(&target.model), target.version)
+        .map_or_else(error_response, json_ok)
 }
 
 /// `POST /v2/repository/index`, body `{"ready": true}` optional.
@@ -818,24 +820,11 @@ async fn rollback_model(
 async fn infer(
     State(s): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(model): Path<String>,
+    target: ModelRef,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_infer(s, caller, model, None, headers, body).await
-}
-
-async fn infer_v(
-    State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((model, version)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match parse_version(&version) {
-        Ok(v) => run_infer(s, caller, model, Some(v), headers, body).await,
-        Err(e) => error_response(&e),
-    }
+    run_infer(s, caller, target.model, target.version, headers, body).await
 }
 
 async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Response> {
@@ -1219,4 +1208,204 @@ async fn cuda_unsupported() -> Response {
         axum::Json(json!({ "error": "CUDA shared memory is not supported: this server has no GPU support" })),
     )
         .into_response()
+}
+
+/// The routes and their rules, in process: a real server and the real router, requests through
+/// `oneshot` without a socket (the process-level behaviour is in `tests/e2e`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    const ADMIN: &str = "admin-key-for-http-tests";
+
+    /// A scratch directory removed when dropped.
+    struct Scratch(std::path::PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A server with `add_sub_wasm` (built by host/build.rs), tenancy on, and `limits`.
+    async fn server(limits: crate::limits::ServerLimits) -> (Arc<Server>, Scratch) {
+        let mut random = [0u8; 8];
+        let _ = getrandom::fill(&mut random);
+        let scratch =
+            Scratch(std::env::temp_dir().join(format!("tessera-http-{}", hex::encode(random))));
+        let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../model_repository/add_sub_wasm");
+        let model = scratch.0.join("repo/add_sub_wasm");
+        std::fs::create_dir_all(model.join("1")).expect("repository");
+        std::fs::copy(example.join("config.pbtxt"), model.join("config.pbtxt")).expect("config");
+        std::fs::copy(example.join("1/model.wasm"), model.join("1/model.wasm"))
+            .expect("model.wasm");
+        let server = Server::start(crate::server::ServerOptions {
+            model_repositories: vec![scratch.0.join("repo")],
+            store_dir: Some(scratch.0.join("store")),
+            wasm_cache_dir: Some(scratch.0.join("cache")),
+            admin_key: Some(crate::tenants::AdminKey(ADMIN.into())),
+            limits,
+            ..Default::default()
+        })
+        .await
+        .expect("server starts");
+        (server, scratch)
+    }
+
+    async fn call(
+        app: &Router,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        let mut request = axum::http::Request::builder().method(method).uri(path);
+        if let Some(key) = key {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let body = if body.is_null() {
+            Body::empty()
+        } else {
+            Body::from(body.to_string())
+        };
+        let response = app
+            .clone()
+            .oneshot(request.body(body).expect("request"))
+            .await
+            .expect("answers");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    fn add_sub_request() -> Value {
+        let data: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        json!({ "inputs": [
+            { "name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": data },
+            { "name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": data },
+        ]})
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn health_is_open_every_other_route_needs_a_key() {
+        let (server, _scratch) = server(Default::default()).await;
+        let app = router(server.clone(), 1 << 20, false);
+        for path in ["/v2/health/live", "/v2/health/ready"] {
+            assert_eq!(
+                call(&app, "GET", path, None, Value::Null).await.0,
+                StatusCode::OK
+            );
+            let (status, body) = call(&app, "POST", path, None, Value::Null).await;
+            assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+            assert!(body["error"].is_string(), "{body}");
+        }
+        for (method, path) in [
+            ("GET", "/v2"),
+            ("GET", "/v2/models/add_sub_wasm"),
+            ("POST", "/v2/repository/index"),
+            ("GET", "/v1/functions"),
+            ("GET", "/v2/no/such/route"),
+        ] {
+            let (status, body) = call(&app, method, path, None, Value::Null).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}");
+            assert!(body["error"].is_string(), "{method} {path}: {body}");
+        }
+        let (status, _) = call(&app, "GET", "/v2", Some(ADMIN), Value::Null).await;
+        assert_eq!(status, StatusCode::OK);
+        server.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn each_model_route_takes_a_version_or_none() {
+        let (server, _scratch) = server(Default::default()).await;
+        let app = router(server.clone(), 1 << 20, false);
+        let key = Some(ADMIN);
+        for suffix in ["", "/ready", "/config", "/stats"] {
+            let plain = format!("/v2/models/add_sub_wasm{suffix}");
+            let versioned = format!("/v2/models/add_sub_wasm/versions/1{suffix}");
+            assert_eq!(
+                call(&app, "GET", &plain, key, Value::Null).await.0,
+                StatusCode::OK,
+                "{plain}"
+            );
+            assert_eq!(
+                call(&app, "GET", &versioned, key, Value::Null).await.0,
+                StatusCode::OK,
+                "{versioned}"
+            );
+            let wrong = format!("/v2/models/add_sub_wasm/versions/wrong{suffix}");
+            let (status, body) = call(&app, "GET", &wrong, key, Value::Null).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{wrong}");
+            assert!(
+                body["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("failed to get model version")),
+                "{body}"
+            );
+        }
+        for path in [
+            "/v2/models/add_sub_wasm/infer",
+            "/v2/models/add_sub_wasm/versions/1/infer",
+        ] {
+            let (status, body) = call(&app, "POST", path, key, add_sub_request()).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {body}");
+            assert_eq!(body["model_version"], "1");
+        }
+        let (status, _) = call(
+            &app,
+            "POST",
+            "/v2/models/add_sub_wasm/versions/7/infer",
+            key,
+            add_sub_request(),
+        )
+        .await;
+        assert!(status.is_client_error());
+        server.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn admission_refuses_past_the_limits() {
+        let limits = crate::limits::ServerLimits {
+            max_inflight_requests: 0,
+            ..Default::default()
+        };
+        let (server, _scratch) = server(limits).await;
+        let app = router(server.clone(), 64, false);
+        let key = Some(ADMIN);
+        // A body over --http-max-input-size: 413 before decoding.
+        let (status, body) = call(
+            &app,
+            "POST",
+            "/v2/models/add_sub_wasm/infer",
+            key,
+            add_sub_request(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+        // No request may be in flight: 503 at once, naming the limit.
+        let app = router(server.clone(), 1 << 20, false);
+        let (status, body) = call(
+            &app,
+            "POST",
+            "/v2/models/add_sub_wasm/infer",
+            key,
+            add_sub_request(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("--max-inflight-requests")),
+            "{body}"
+        );
+        server.shutdown().await;
+    }
 }
