@@ -298,33 +298,36 @@ fn init_logging(verbose: u8, trace: Option<&TraceConfig>) -> anyhow::Result<Opti
             tessera::telemetry::TARGET
         ))
     });
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let Some(config) = trace.filter(|t| t.enabled) else {
+        // Without tracing, the plain subscriber: one global filter, nothing per layer.
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_target(false)
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi)
+            .init();
+        return Ok(None);
+    };
     let log = tracing_subscriber::fmt::layer()
         .with_target(false)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(ansi)
         .with_filter(filter);
-    let (tracing, export) = match trace.filter(|t| t.enabled) {
-        Some(config) => {
-            let (tracing, tracer) = Tracing::start(config, tokio::runtime::Handle::current())
-                .map_err(anyhow::Error::msg)?;
-            let spans = tracing_subscriber::filter::Targets::new()
-                .with_target(tessera::telemetry::TARGET, tracing::Level::DEBUG);
-            let layer = tracing_opentelemetry::layer()
-                .with_tracer(tracer)
-                .with_filter(spans);
-            (Some(tracing), Some(layer))
-        }
-        None => (None, None),
-    };
+    let (tracing, tracer) =
+        Tracing::start(config, tokio::runtime::Handle::current()).map_err(anyhow::Error::msg)?;
+    let spans = tracing_subscriber::filter::Targets::new()
+        .with_target(tessera::telemetry::TARGET, tracing::Level::DEBUG);
+    let export = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(spans);
     tracing_subscriber::registry().with(log).with(export).init();
-    if let Some(config) = trace.filter(|t| t.enabled) {
-        tracing::info!(
-            url = %config.url,
-            rate = config.rate,
-            "tracing requests with OpenTelemetry"
-        );
-    }
-    Ok(tracing)
+    tracing::info!(
+        url = %config.url,
+        rate = config.rate,
+        "tracing requests with OpenTelemetry"
+    );
+    Ok(Some(tracing))
 }
 
 fn server_options(

@@ -207,7 +207,12 @@ async fn each_limit_gives_its_status_and_others_keep_serving() {
         "a guest's panic stays in the log: {text}"
     );
 
-    // One invocation at a time: a second one meanwhile is refused at once.
+    // One invocation at a time: a second one meanwhile is refused at once. The instances of the
+    // calls above are gone first, so the one live instance counted next is the slow call's.
+    wait_until("no instance of function_tight is live", || {
+        server.has_metric("tessera_function_instances_live{function=\"function_tight\"} 0")
+    })
+    .await;
     let slow = {
         let (client, url) = (server.client.clone(), server.url(&tight("sleep?250")));
         tokio::spawn(async move { client.get(url).send().await.map(|r| r.status().as_u16()) })
