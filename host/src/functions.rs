@@ -25,7 +25,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -436,20 +435,17 @@ impl Functions {
         if ready.is_empty() {
             return;
         }
-        let label = |f: &WasmFunction| crate::metrics::escape_label(&f.name).into_owned();
-        let name = "tessera_function_invocations_total";
-        let _ = writeln!(
+        use crate::metrics::Family;
+        let mut family = Family::start(
             out,
-            "# HELP {name} Function invocations by response status class\n# TYPE {name} counter"
+            "tessera_function_invocations_total",
+            "counter",
+            "Function invocations by response status class",
         );
         for f in &ready {
             for (i, class) in ["2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
                 let n = f.stats.by_class[i].load(Ordering::Relaxed);
-                let _ = writeln!(
-                    out,
-                    "{name}{{function=\"{}\",status=\"{class}\"}} {n}",
-                    label(f)
-                );
+                family.sample(&[("function", &f.name), ("status", class)], n);
             }
         }
         /// A summary family: name, help, and its (sum, count) for a function.
@@ -477,27 +473,23 @@ impl Functions {
             ),
         ];
         for (name, help, pick) in summaries {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+            let mut family = Family::start(out, name, "summary", help);
             for f in &ready {
                 let (sum, count) = pick(f);
-                let l = label(f);
-                let _ = writeln!(
-                    out,
-                    "{name}_sum{{function=\"{l}\"}} {sum}\n{name}_count{{function=\"{l}\"}} {count}"
-                );
+                family.sample_of("_sum", &[("function", &f.name)], sum);
+                family.sample_of("_count", &[("function", &f.name)], count);
             }
         }
-        let name = "tessera_function_instances_live";
-        let _ = writeln!(
+        let mut family = Family::start(
             out,
-            "# HELP {name} Function instances running now\n# TYPE {name} gauge"
+            "tessera_function_instances_live",
+            "gauge",
+            "Function instances running now",
         );
         for f in &ready {
-            let _ = writeln!(
-                out,
-                "{name}{{function=\"{}\"}} {}",
-                label(f),
-                f.stats.live.load(Ordering::Relaxed)
+            family.sample(
+                &[("function", &f.name)],
+                f.stats.live.load(Ordering::Relaxed),
             );
         }
     }

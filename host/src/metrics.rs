@@ -380,7 +380,6 @@ fn us(ns: u64) -> u64 {
 
 /// Triton's latency summaries, for the models that have quantiles.
 fn render_summaries(out: &mut String, models: &[ModelMetrics<'_>]) {
-    use std::fmt::Write;
     type Quantiles = Option<[u64; SUMMARY_QUANTILES.len()]>;
     type Pick = fn(&ModelMetrics<'_>, &LatencyQuantiles) -> (Quantiles, Tally);
     let families: [(&str, &str, Pick); 5] = [
@@ -421,33 +420,66 @@ fn render_summaries(out: &mut String, models: &[ModelMetrics<'_>]) {
         return;
     }
     for (name, help, pick) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+        let mut family = Family::start(out, name, "summary", help);
         for m in models {
             let Some(q) = &m.quantiles else { continue };
             let (values, total) = pick(m, q);
-            let labels = model_labels(m);
+            let version = m.version.to_string();
+            let labels = [("model", m.name), ("version", version.as_str())];
             if let Some(values) = values {
                 for (quantile, value) in SUMMARY_QUANTILES.iter().zip(values) {
-                    let _ = writeln!(out, "{name}{{{labels},quantile=\"{quantile}\"}} {value}");
+                    let quantile = quantile.to_string();
+                    family.sample(&[labels[0], labels[1], ("quantile", &quantile)], value);
                 }
             }
-            let _ = writeln!(
-                out,
-                "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}",
-                us(total.ns),
-                total.count
-            );
+            family.sample_of("_sum", &labels, us(total.ns));
+            family.sample_of("_count", &labels, total.count);
         }
     }
 }
 
-/// `model="...",version="..."`, with the label values escaped.
-fn model_labels(m: &ModelMetrics<'_>) -> String {
-    format!(
-        "model=\"{}\",version=\"{}\"",
-        escape_label(m.name),
-        m.version
-    )
+/// One metric family in the Prometheus text format (0.0.4): its `# HELP` and `# TYPE` lines
+/// once, then its samples. Every family on `/metrics` is written through it, so names, labels and
+/// their escaping are done in one place; the counters themselves stay atomics where they count.
+pub struct Family<'o> {
+    out: &'o mut String,
+    name: &'static str,
+}
+
+impl<'o> Family<'o> {
+    pub fn start(out: &'o mut String, name: &'static str, kind: &str, help: &str) -> Family<'o> {
+        use std::fmt::Write;
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        Family { out, name }
+    }
+
+    /// `name{labels} value`.
+    pub fn sample(&mut self, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.sample_of("", labels, value);
+    }
+
+    /// `name<suffix>{labels} value`: a histogram's `_bucket`, a summary's `_sum` and `_count`.
+    pub fn sample_of(
+        &mut self,
+        suffix: &str,
+        labels: &[(&str, &str)],
+        value: impl std::fmt::Display,
+    ) {
+        use std::fmt::Write;
+        self.out.push_str(self.name);
+        self.out.push_str(suffix);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (key, label)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{key}=\"{}\"", escape_label(label));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
 }
 
 /// A label value in the text format: a `\`, `"` or newline in a model's directory name must not
@@ -470,7 +502,6 @@ pub fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
 
 /// Renders Prometheus text format (version 0.0.4).
 pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily]) -> String {
-    use std::fmt::Write;
     let mut out = String::new();
     type Pick = fn(&ModelMetrics<'_>) -> u64;
     let families: [(&str, &str, &str, Pick); 10] = [
@@ -536,18 +567,21 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily])
         ),
     ];
     for (name, kind, help, pick) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        let mut family = Family::start(&mut out, name, kind, help);
         for m in models {
-            let _ = writeln!(out, "{name}{{{}}} {}", model_labels(m), pick(m));
+            let version = m.version.to_string();
+            family.sample(&[("model", m.name), ("version", &version)], pick(m));
         }
     }
-    let name = "tessera_batch_size";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Rows per model execution\n# TYPE {name} histogram"
+    let mut family = Family::start(
+        &mut out,
+        "tessera_batch_size",
+        "histogram",
+        "Rows per model execution",
     );
     for m in models {
-        let labels = model_labels(m);
+        let version = m.version.to_string();
+        let labels = [("model", m.name), ("version", version.as_str())];
         let executions = |pred: &dyn Fn(usize) -> bool| -> u64 {
             m.stats
                 .batch
@@ -557,10 +591,11 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily])
                 .sum()
         };
         for bound in BATCH_BUCKETS {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{bound}\"}} {}",
-                executions(&|s| s <= bound)
+            let le = bound.to_string();
+            family.sample_of(
+                "_bucket",
+                &[labels[0], labels[1], ("le", &le)],
+                executions(&|s| s <= bound),
             );
         }
         let total = executions(&|_| true);
@@ -570,18 +605,15 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily])
             .iter()
             .map(|(size, b)| *size as u64 * b.compute_infer.count)
             .sum();
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {sum}\n{name}_count{{{labels}}} {total}"
-        );
+        family.sample_of("_bucket", &[labels[0], labels[1], ("le", "+Inf")], total);
+        family.sample_of("_sum", &labels, sum);
+        family.sample_of("_count", &labels, total);
     }
     render_summaries(&mut out, models);
-    for family in labeled {
-        let (name, kind, help) = (family.name, family.kind, family.help);
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (model, value) in &family.samples {
-            let _ = writeln!(out, "{name}{{model=\"{}\"}} {value}", escape_label(model));
+    for labeled in labeled {
+        let mut family = Family::start(&mut out, labeled.name, labeled.kind, labeled.help);
+        for (model, value) in &labeled.samples {
+            family.sample(&[("model", model)], value);
         }
     }
     out

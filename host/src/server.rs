@@ -3,7 +3,6 @@
 //! the small API front-ends use instead of reaching into internals.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -778,13 +777,14 @@ impl Server {
         self.functions.render_metrics(&mut text);
         self.tenants.render_metrics(&mut text);
         let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
-        let name = "tessera_store_damaged_deployments";
-        let _ = write!(
-            text,
-            "# HELP {name} Deployments the store cannot serve: their manifest is damaged or missing (see the log)\n# TYPE {name} gauge\n{name}{{area=\"models\"}} {}\n{name}{{area=\"functions\"}} {}\n",
-            damaged(self.repository.store()),
-            damaged(self.functions.store()),
+        let mut family = crate::metrics::Family::start(
+            &mut text,
+            "tessera_store_damaged_deployments",
+            "gauge",
+            "Deployments the store cannot serve: their manifest is damaged or missing (see the log)",
         );
+        family.sample(&[("area", "models")], damaged(self.repository.store()));
+        family.sample(&[("area", "functions")], damaged(self.functions.store()));
         if let Some(gpus) = &self.gpu_metrics {
             gpus.render(&mut text);
         }

@@ -693,60 +693,63 @@ impl Tenants {
 
     /// Per-tenant request metrics, Prometheus text.
     pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
+        use crate::metrics::Family;
         let registry = self.registry.load();
         if registry.by_name.is_empty() {
             return;
         }
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(
+        let mut family = Family::start(
             out,
-            "# HELP tessera_tenant_requests_total Client requests (inferences and function invocations) admitted per tenant, by outcome\n# TYPE tessera_tenant_requests_total counter"
+            "tessera_tenant_requests_total",
+            "counter",
+            "Client requests (inferences and function invocations) admitted per tenant, by outcome",
         );
         for (name, t) in &registry.by_name {
             let c = &t.counters;
-            let _ = writeln!(
-                out,
-                "tessera_tenant_requests_total{{tenant=\"{name}\",outcome=\"success\"}} {}\ntessera_tenant_requests_total{{tenant=\"{name}\",outcome=\"failure\"}} {}",
+            family.sample(
+                &[("tenant", name), ("outcome", "success")],
                 load(&c.success),
-                load(&c.failure)
+            );
+            family.sample(
+                &[("tenant", name), ("outcome", "failure")],
+                load(&c.failure),
             );
         }
-        let _ = writeln!(
+        let mut family = Family::start(
             out,
-            "# HELP tessera_tenant_rejected_total Client requests refused by a tenant quota\n# TYPE tessera_tenant_rejected_total counter"
+            "tessera_tenant_rejected_total",
+            "counter",
+            "Client requests refused by a tenant quota",
         );
         for (name, t) in &registry.by_name {
             let c = &t.counters;
-            let _ = writeln!(
-                out,
-                "tessera_tenant_rejected_total{{tenant=\"{name}\",quota=\"requests_per_second\"}} {}\ntessera_tenant_rejected_total{{tenant=\"{name}\",quota=\"max_concurrent_requests\"}} {}",
-                load(&c.rejected_rate),
-                load(&c.rejected_concurrency)
+            let quota = |q: &'static str| [("tenant", name.as_ref()), ("quota", q)];
+            family.sample(&quota("requests_per_second"), load(&c.rejected_rate));
+            family.sample(
+                &quota("max_concurrent_requests"),
+                load(&c.rejected_concurrency),
             );
         }
-        let _ = writeln!(
+        let mut family = Family::start(
             out,
-            "# HELP tessera_tenant_request_duration_us Total time of a tenant's admitted requests, in microseconds\n# TYPE tessera_tenant_request_duration_us counter"
+            "tessera_tenant_request_duration_us",
+            "counter",
+            "Total time of a tenant's admitted requests, in microseconds",
         );
         for (name, t) in &registry.by_name {
-            let _ = writeln!(
-                out,
-                "tessera_tenant_request_duration_us{{tenant=\"{name}\"}} {}",
-                load(&t.counters.duration_us)
-            );
+            family.sample(&[("tenant", name)], load(&t.counters.duration_us));
         }
-        let _ = writeln!(
+        let mut family = Family::start(
             out,
-            "# HELP tessera_tenant_inflight_requests Client requests a tenant has in flight\n# TYPE tessera_tenant_inflight_requests gauge"
+            "tessera_tenant_inflight_requests",
+            "gauge",
+            "Client requests a tenant has in flight",
         );
         for (name, t) in &registry.by_name {
             let inflight = (t.record.quotas.max_concurrent_requests as usize)
                 .saturating_sub(t.concurrency.available_permits());
-            let _ = writeln!(
-                out,
-                "tessera_tenant_inflight_requests{{tenant=\"{name}\"}} {inflight}"
-            );
+            family.sample(&[("tenant", name)], inflight);
         }
     }
 }

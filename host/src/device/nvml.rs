@@ -3,12 +3,9 @@
 //! `gpu_uuid`, read when `/metrics` is scraped. Without NVML (no driver) there are none, as with
 //! Triton on a machine without GPUs.
 
-use std::fmt::Write;
-
 use nvml_wrapper::Nvml;
 
 use super::Devices;
-use crate::metrics::escape_label;
 
 /// The NVML handle and, per GPU, the energy reading at start (the counter counts from there).
 pub struct GpuMetrics {
@@ -106,10 +103,10 @@ impl GpuMetrics {
             ),
         ];
         for (i, (name, kind, help)) in FAMILIES.iter().enumerate() {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            let mut family = crate::metrics::Family::start(out, name, kind, help);
             for (uuid, readings) in &rows {
                 if let Some(value) = readings[i] {
-                    let _ = writeln!(out, "{name}{{gpu_uuid=\"{}\"}} {value}", escape_label(uuid));
+                    family.sample(&[("gpu_uuid", uuid)], value);
                 }
             }
         }
