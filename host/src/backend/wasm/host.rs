@@ -485,8 +485,15 @@ impl WasiHttpHooks for OutgoingPolicy {
             drop(fut);
             if !allowed {
                 tracing::warn!("outgoing request to {target} denied: not in allowed_hosts");
+                // Let the guest finish writing its request body first (up to a bound): dropping
+                // the body while the guest still writes it makes the guest see "connection reset"
+                // from its write instead of the denial.
+                let body = http_body_util::Limited::new(request.into_body(), 64 * 1024);
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(1), body.collect()).await;
                 return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
             }
+            let request = whole_body_if_bodiless(request).await?;
             let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
             Ok((
                 response.map(BodyExt::boxed_unsync),
@@ -494,6 +501,30 @@ impl WasiHttpHooks for OutgoingPolicy {
             ))
         })
     }
+}
+
+/// A GET or HEAD has no body to stream, but the guest still closes its (empty) body stream after
+/// sending the request. Streamed, the request goes out chunked and open-ended, and a server that
+/// answers at once and closes makes the guest's late close fail ("connection reset"). So the
+/// body of these methods is read first, bounded, and sent whole with its length.
+async fn whole_body_if_bodiless(
+    request: http::Request<wasmtime_wasi_http::WasiBody>,
+) -> Result<http::Request<wasmtime_wasi_http::WasiBody>, wasmtime_wasi_http::Error> {
+    use http_body_util::BodyExt;
+    const LIMIT: usize = 64 * 1024;
+    if !matches!(*request.method(), http::Method::GET | http::Method::HEAD) {
+        return Ok(request);
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = http_body_util::Limited::new(body, LIMIT)
+        .collect()
+        .await
+        .map_err(|_| wasmtime_wasi_http::Error::HttpRequestBodySize(Some(LIMIT as u64)))?
+        .to_bytes();
+    let body = http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    Ok(http::Request::from_parts(parts, body))
 }
 
 impl types::Host for HostState {}
