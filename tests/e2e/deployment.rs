@@ -10,27 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::harness::{
-    Hammer, TestServer, fixtures_repo, output_f32, repo_root, shared_cache, temp_dir, tessera_cli,
+    Hammer, TestServer, echo_component, echo_config, output_f32, repo_root, shared_cache, temp_dir,
+    tessera_cli,
 };
-
-/// The `identity_echo` fixture: `Y = X + offset` (its config's `offset` parameter).
-fn echo_component() -> Vec<u8> {
-    std::fs::read(fixtures_repo().join("identity_echo/1/model.wasm"))
-        .expect("the build installs identity_echo")
-}
-
-/// Triton's JSON form of a config for `identity_echo` that adds `offset`.
-fn echo_config(name: &str, offset: u32) -> Value {
-    json!({
-        "name": name,
-        "backend": "wasm",
-        "max_batch_size": 8,
-        "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
-        "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }],
-        "instance_group": [{ "count": 2, "kind": "KIND_CPU" }],
-        "parameters": { "offset": { "string_value": offset.to_string() } }
-    })
-}
 
 /// What the model answers for X = 0: its offset, or the error.
 async fn answer(server: &TestServer, name: &str) -> Result<f32, String> {

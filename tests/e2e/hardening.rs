@@ -9,10 +9,11 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::harness::{
-    TestServer, fixtures_repo, output_f32, shared_cache, temp_dir, tessera_cli, wait_until,
+    TestServer, echo_component, echo_config, fixtures_repo, output_f32, shared_cache, temp_dir,
+    tessera_cli, wait_until,
 };
 
 /// A repository with the `identity_echo` (Y = X) and `slow_echo` fixtures.
@@ -33,22 +34,6 @@ fn echo_repo() -> PathBuf {
         .expect("the build installs the fixtures");
     }
     repo
-}
-
-/// Triton's JSON config for `identity_echo` under another name.
-fn echo_config(name: &str) -> Value {
-    json!({
-        "name": name,
-        "backend": "wasm",
-        "max_batch_size": 8,
-        "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
-        "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }],
-    })
-}
-
-fn echo_component() -> Vec<u8> {
-    std::fs::read(fixtures_repo().join("identity_echo/1/model.wasm"))
-        .expect("the build installs identity_echo")
 }
 
 async fn echo(server: &TestServer, model: &str, x: f32) -> Result<f32, String> {
@@ -191,7 +176,7 @@ async fn a_damaged_or_missing_manifest_is_reported_and_repairable_not_fatal() {
     for model in ["healthy", "emptied", "unmanifested"] {
         for count in 1..=2 {
             // Two revisions each, differing by their instance count.
-            let mut config = echo_config(model);
+            let mut config = echo_config(model, 0);
             config["instance_group"] = json!([{ "count": count, "kind": "KIND_CPU" }]);
             let (status, body) = server
                 .deploy(model, &config, &[("1/model.wasm", &component)])
@@ -233,7 +218,7 @@ async fn a_damaged_or_missing_manifest_is_reported_and_repairable_not_fatal() {
     let (status, body) = server
         .deploy(
             "emptied",
-            &echo_config("emptied"),
+            &echo_config("emptied", 0),
             &[("1/model.wasm", &component)],
         )
         .await;
@@ -447,7 +432,7 @@ async fn a_store_failure_does_not_show_the_store_path_to_clients() {
     let (status, body) = server
         .deploy(
             "long_name",
-            &echo_config("long_name"),
+            &echo_config("long_name", 0),
             &[("1/model.wasm", &component), (&long, b"x")],
         )
         .await;
@@ -459,7 +444,7 @@ async fn a_store_failure_does_not_show_the_store_path_to_clients() {
         "{text}"
     );
     // A deployment that fails to load names its files relative to itself.
-    let mut config = echo_config("no_labels");
+    let mut config = echo_config("no_labels", 0);
     config["output"][0]["label_filename"] = json!("labels.txt");
     let (status, body) = server
         .deploy("no_labels", &config, &[("1/model.wasm", &component)])
@@ -495,7 +480,7 @@ async fn models_needing_sequences_decoupling_or_ragged_batches_are_refused_at_lo
         ),
     ];
     for (name, extra) in cases {
-        let mut config = echo_config(name);
+        let mut config = echo_config(name, 0);
         for (key, value) in extra.as_object().expect("object") {
             config[key] = value.clone();
         }
@@ -523,7 +508,7 @@ async fn a_server_with_only_a_store_starts_empty_and_takes_deployments() {
     let (status, body) = server
         .deploy(
             "first",
-            &echo_config("first"),
+            &echo_config("first", 0),
             &[("1/model.wasm", &component)],
         )
         .await;

@@ -539,3 +539,22 @@ impl<T: Send + 'static> Hammer<T> {
         all
     }
 }
+
+/// The `identity_echo` fixture: `Y = X + offset` (its config's `offset` parameter).
+pub fn echo_component() -> Vec<u8> {
+    std::fs::read(fixtures_repo().join("identity_echo/1/model.wasm"))
+        .expect("the build installs identity_echo")
+}
+
+/// Triton's JSON form of a config for `identity_echo` that adds `offset`.
+pub fn echo_config(name: &str, offset: u32) -> Value {
+    json!({
+        "name": name,
+        "backend": "wasm",
+        "max_batch_size": 8,
+        "input": [{ "name": "X", "data_type": "TYPE_FP32", "dims": [1] }],
+        "output": [{ "name": "Y", "data_type": "TYPE_FP32", "dims": [1] }],
+        "instance_group": [{ "count": 2, "kind": "KIND_CPU" }],
+        "parameters": { "offset": { "string_value": offset.to_string() } }
+    })
+}
