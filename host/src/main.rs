@@ -83,6 +83,29 @@ enum TenantCommand {
     },
 }
 
+/// `--rate-limit`, in tritonserver's spelling.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[value(rename_all = "snake_case")]
+enum RateLimit {
+    Off,
+    ExecutionCount,
+}
+
+/// `--model-control-mode`, in tritonserver's spelling.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ControlModeArg {
+    None,
+    Explicit,
+    Poll,
+}
+
+/// Who may read `/metrics` with tenancy on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum MetricsAuth {
+    Admin,
+    None,
+}
+
 #[derive(Args, Debug, Clone)]
 struct TenantArgs {
     tenant: String,
@@ -149,8 +172,8 @@ struct RepositoryArgs {
     wasm_cache_dir: Option<PathBuf>,
     /// Rate limiting of executions: `off`, or `execution_count` to run an instance only when the
     /// resources of its instance group's `rate_limiter` are free.
-    #[arg(long, default_value = "off", value_parser = ["off", "execution_count"])]
-    rate_limit: String,
+    #[arg(long, value_enum, default_value_t = RateLimit::Off)]
+    rate_limit: RateLimit,
     /// A rate-limiter resource total, `NAME:COUNT[:DEVICE]`; repeatable.
     #[arg(long, value_parser = tessera::scheduler::rate_limit::parse_resource)]
     rate_limit_resource: Vec<tessera::scheduler::rate_limit::ResourceLimit>,
@@ -210,8 +233,8 @@ struct ServeArgs {
     /// models), `poll` (re-read the repositories every --repository-poll-secs). Without this
     /// flag, tessera runs explicit mode with every model loaded at start, so deployments work
     /// out of the box.
-    #[arg(long, value_parser = ["none", "explicit", "poll"])]
-    model_control_mode: Option<String>,
+    #[arg(long, value_enum)]
+    model_control_mode: Option<ControlModeArg>,
     /// In explicit mode, a model to load at start; repeatable; `*` loads every model.
     #[arg(long)]
     load_model: Vec<String>,
@@ -231,8 +254,8 @@ struct ServeArgs {
     admin_key_file: Option<PathBuf>,
     /// Who may read `/metrics` with tenancy on: `admin` (the admin key) or `none` (anyone who
     /// reaches --metrics-port).
-    #[arg(long, default_value = "admin", value_parser = ["admin", "none"])]
-    metrics_auth: String,
+    #[arg(long, value_enum, default_value_t = MetricsAuth::Admin)]
+    metrics_auth: MetricsAuth,
     /// The largest total size, in bytes, of the files of one deployment (413 beyond).
     #[arg(long, env = "TESSERA_MAX_DEPLOYMENT_BYTES", default_value_t = 256 * 1024 * 1024)]
     max_deployment_bytes: usize,
@@ -345,7 +368,7 @@ fn server_options(
         },
         strict_readiness,
         wasm_cache_dir: args.wasm_cache_dir.clone().or_else(default_cache_dir),
-        rate_limit: args.rate_limit == "execution_count",
+        rate_limit: args.rate_limit == RateLimit::ExecutionCount,
         rate_limit_resources: args.rate_limit_resource.clone(),
         gpu_metrics: args.allow_gpu_metrics,
         devices: tessera::device::DeviceOptions {
@@ -563,10 +586,10 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .find(|(key, _)| key == "summary_latencies")
         .is_some_and(|(_, on)| *on);
     let mut options = server_options(&args, &serve.limits, serve.strict_readiness, summaries);
-    options.control_mode = match serve.model_control_mode.as_deref() {
-        Some("none") => ControlMode::None,
-        Some("poll") => ControlMode::Poll,
-        _ => ControlMode::Explicit,
+    options.control_mode = match serve.model_control_mode {
+        Some(ControlModeArg::None) => ControlMode::None,
+        Some(ControlModeArg::Poll) => ControlMode::Poll,
+        Some(ControlModeArg::Explicit) | None => ControlMode::Explicit,
     };
     // Without --model-control-mode: explicit, with every model loaded at start.
     options.startup_models = serve
@@ -617,7 +640,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             "Prometheus metrics on {}/metrics",
             metrics_listener.local_addr()?
         );
-        let admin_only = server.tenants().enabled() && serve.metrics_auth == "admin";
+        let admin_only = server.tenants().enabled() && serve.metrics_auth == MetricsAuth::Admin;
         let metrics_app =
             tessera::protocol::http::metrics_router(server.clone(), summaries, admin_only);
         front_ends.spawn(tessera::protocol::listen::serve_http(
