@@ -86,25 +86,18 @@ def test_bytes_with_nul_and_non_utf8_over_grpc(strings_server):
 def test_a_version_that_is_not_a_number_gets_tritons_words(server):
     words = ("failed to get model version from specified version string "
              "'wrong_specification' (details: stol), version should be an integral value > 0")
-    client = httpclient.InferenceServerClient(server.url)
     data = np.zeros((1, 16), dtype=np.float32)
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        inp = httpclient.InferInput(name, [1, 16], "FP32")
-        inp.set_data_from_numpy(data)
-        inputs.append(inp)
-    with pytest.raises(InferenceServerException) as e:
-        client.infer("add_sub", inputs, model_version="wrong_specification")
-    assert words in str(e.value)
-    gclient = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    ginputs = []
-    for name in ("INPUT0", "INPUT1"):
-        inp = grpcclient.InferInput(name, [1, 16], "FP32")
-        inp.set_data_from_numpy(data)
-        ginputs.append(inp)
-    with pytest.raises(InferenceServerException) as e:
-        gclient.infer("add_sub", ginputs, model_version="wrong_specification")
-    assert words in str(e.value)
+    for module, url in ((httpclient, server.url),
+                        (grpcclient, f"127.0.0.1:{server.grpc_port}")):
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            inp = module.InferInput(name, [1, 16], "FP32")
+            inp.set_data_from_numpy(data)
+            inputs.append(inp)
+        with pytest.raises(InferenceServerException) as e:
+            module.InferenceServerClient(url).infer(
+                "add_sub", inputs, model_version="wrong_specification")
+        assert words in str(e.value), module.__name__
 
 
 def _stub(server):

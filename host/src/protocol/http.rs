@@ -1377,28 +1377,18 @@ mod tests {
             ..Default::default()
         };
         let (server, _scratch) = server(limits).await;
-        let app = router(server.clone(), 64, false);
-        let key = Some(ADMIN);
+        let infer = |max_body: usize| {
+            let app = router(server.clone(), max_body, false);
+            async move {
+                let path = "/v2/models/add_sub_wasm/infer";
+                call(&app, "POST", path, Some(ADMIN), add_sub_request()).await
+            }
+        };
         // A body over --http-max-input-size: 413 before decoding.
-        let (status, body) = call(
-            &app,
-            "POST",
-            "/v2/models/add_sub_wasm/infer",
-            key,
-            add_sub_request(),
-        )
-        .await;
+        let (status, body) = infer(64).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
         // No request may be in flight: 503 at once, naming the limit.
-        let app = router(server.clone(), 1 << 20, false);
-        let (status, body) = call(
-            &app,
-            "POST",
-            "/v2/models/add_sub_wasm/infer",
-            key,
-            add_sub_request(),
-        )
-        .await;
+        let (status, body) = infer(1 << 20).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
         assert!(
             body["error"]
