@@ -12,4 +12,4 @@ pub use crate::shm::{
     OPERATOR_ONLY as SHARED_MEMORY_OPERATOR_ONLY, RegionStatus, SharedMemory, ShmError,
     requested_outputs, write_outputs,
 };
-pub use crate::tenants::{AuthError, Caller, TenantError};
+pub use crate::tenants::{AuthError, Principal, TenantError};

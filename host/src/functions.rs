@@ -187,7 +187,7 @@ impl Functions {
     /// Stops serving every function of `tenant` and forgets its deployments.
     pub async fn remove_tenant(&self, tenant: &str) {
         let _control = self.control.lock().await;
-        let prefix = crate::namespace::qualify(Some(tenant), "");
+        let prefix = crate::namespace::ModelKey::tenant_prefix(tenant);
         let mut next = BTreeMap::clone(&self.table.load());
         next.retain(|key, _| !key.starts_with(&prefix));
         self.table.store(Arc::new(next));
@@ -215,7 +215,7 @@ impl Functions {
             return Some(dir);
         }
         // The `--functions` folders hold the operator's functions only.
-        if crate::namespace::split(name).0.is_some() {
+        if crate::namespace::ModelKey::parse(name).tenant.is_some() {
             return None;
         }
         let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
@@ -309,7 +309,8 @@ impl Functions {
         check_key(name)?;
         let store = self.store.clone().ok_or_else(|| {
             ControlError::NotAllowed(format!(
-                "failed to deploy function '{name}': this server runs without a deployment store (--store)"
+                "failed to deploy function '{}': this server runs without a deployment store (--store)",
+                crate::namespace::shown(name)
             ))
         })?;
         let _control = self.control.lock().await;
@@ -348,12 +349,18 @@ impl Functions {
         let _control = self.control.lock().await;
         let dir = self.source_of(name).ok_or_else(|| {
             ControlError::NotFound(format!(
-                "function '{name}' is in no --functions folder and not in the store"
+                "function '{}' is in no --functions folder and not in the store",
+                crate::namespace::shown(name)
             ))
         })?;
         let function = load_one(runtime, name, &dir, inference, self.tenants.ceiling(name))
             .await
-            .map_err(|e| ControlError::Invalid(format!("failed to load function '{name}': {e}")))?;
+            .map_err(|e| {
+                ControlError::Invalid(format!(
+                    "failed to load function '{}': {e}",
+                    crate::namespace::shown(name)
+                ))
+            })?;
         if let Some(store) = &self.store {
             crate::deploy::set_loaded(store, name, true)?;
         }
@@ -367,7 +374,8 @@ impl Functions {
         let _control = self.control.lock().await;
         if self.get(name).is_none() {
             return Err(ControlError::NotFound(format!(
-                "failed to unload function '{name}': it is not loaded"
+                "failed to unload function '{}': it is not loaded",
+                crate::namespace::shown(name)
             )));
         }
         if let Some(store) = &self.store {
@@ -544,8 +552,12 @@ impl crate::deploy::Target for FunctionTarget<'_> {
         _revision: u64,
         dir: &Path,
     ) -> Result<Option<Self::Built>, ControlError> {
-        let failed =
-            |e: String| ControlError::Invalid(format!("failed to deploy function '{key}': {e}"));
+        let failed = |e: String| {
+            ControlError::Invalid(format!(
+                "failed to deploy function '{}': {e}",
+                crate::namespace::shown(key)
+            ))
+        };
         let (component, manifest) = read_folder(dir).await.map_err(failed)?;
         let hash = fingerprint(&component, &manifest);
         let ceiling = self.functions.tenants.ceiling(key);

@@ -10,7 +10,7 @@ use tessera::limits::ServerLimits;
 use tessera::repository::{LoadOptions, ModelState};
 use tessera::server::{ControlMode, Server, ServerOptions};
 use tessera::telemetry::{TraceConfig, Tracing};
-use tessera::tenants::{AdminKey, Caller};
+use tessera::tenants::{AdminKey, Principal};
 use tracing_subscriber::EnvFilter;
 
 /// A KServe v2 inference server for Triton model repositories, with WebAssembly handlers.
@@ -550,7 +550,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<()> {
     for line in server.limits().describe() {
         println!("limit\t{line}");
     }
-    let rows = server.repository_index(&Caller::Operator, false);
+    let rows = server.repository_index(&Principal::Operator, false);
     let mut failed = 0;
     for row in &rows {
         let version = if row.version.is_empty() {
@@ -604,7 +604,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     let trace = TraceConfig::parse(&serve.trace_config)?;
     let (server, tracing) = start_core(&args, options, Some(&trace)).await?;
     let broken: Vec<_> = server
-        .repository_index(&Caller::Operator, false)
+        .repository_index(&Principal::Operator, false)
         .into_iter()
         .filter(|r| r.state.is_some_and(|s| s != ModelState::Ready))
         .collect();

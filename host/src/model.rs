@@ -89,7 +89,7 @@ impl ModelVersion {
         self.check_outputs(&response.outputs)?;
         response.outputs =
             self.select_outputs(std::mem::take(&mut response.outputs), &requested)?;
-        response.model_name.clone_from(&self.name);
+        response.model_name = crate::namespace::shown(&self.name).to_owned();
         response.model_version = self.version.to_string();
         response.id = id;
         Ok(response)
@@ -97,7 +97,7 @@ impl ModelVersion {
 
     /// Checks names, datatypes, shapes and batch size against the configuration.
     pub fn validate(&self, request: &InferRequest) -> Result<(), InferError> {
-        let model = &self.name;
+        let model = crate::namespace::shown(&self.name);
         let batched = self.batched();
         let mut batch_size: Option<i64> = None;
         for (i, tensor) in request.inputs.iter().enumerate() {
@@ -188,7 +188,7 @@ impl ModelVersion {
     /// where its config declares FP32, or an output its config does not name, fails clearly
     /// instead of reaching the client as if it were right.
     fn check_outputs(&self, outputs: &[Tensor]) -> Result<(), InferError> {
-        let model = &self.name;
+        let model = crate::namespace::shown(&self.name);
         let batched = self.batched();
         for tensor in outputs {
             let Some(spec) = self
@@ -242,7 +242,8 @@ impl ModelVersion {
                 let tensor = produced.remove(&want.name).ok_or_else(|| {
                     InferError::internal(format!(
                         "model '{}' did not produce output '{}'",
-                        self.name, want.name
+                        crate::namespace::shown(&self.name),
+                        want.name
                     ))
                 })?;
                 if want.class_count == 0 {

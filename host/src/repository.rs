@@ -188,21 +188,6 @@ pub enum ControlError {
     Internal(String),
 }
 
-impl ControlError {
-    /// The error as `namespace` reads it: its own keys shown as the names it gave.
-    pub fn present(self, namespace: Option<&str>) -> ControlError {
-        let show = |m: String| crate::namespace::present(namespace, &m);
-        match self {
-            ControlError::NotFound(m) => ControlError::NotFound(show(m)),
-            ControlError::Invalid(m) => ControlError::Invalid(show(m)),
-            ControlError::TooLarge(m) => ControlError::TooLarge(show(m)),
-            ControlError::NotAllowed(m) => ControlError::NotAllowed(show(m)),
-            ControlError::Forbidden(m) => ControlError::Forbidden(show(m)),
-            ControlError::Internal(m) => ControlError::Internal(show(m)),
-        }
-    }
-}
-
 impl From<crate::store::StoreError> for ControlError {
     fn from(e: crate::store::StoreError) -> Self {
         use crate::store::StoreError;
@@ -316,7 +301,7 @@ impl Repository {
         let Some(tenant) = namespace else {
             return name.to_owned();
         };
-        let own = crate::namespace::qualify(Some(tenant), name);
+        let own = crate::namespace::ModelKey::new(Some(tenant), name).key();
         let owned = self.read().contains_key(&own)
             || self
                 .store
@@ -361,7 +346,9 @@ impl Repository {
         version: Option<i64>,
     ) -> Result<Arc<ModelVersion>, InferError> {
         let models = self.read();
-        let Some(entry) = models.get(name) else {
+        let key = name;
+        let name = crate::namespace::shown(key);
+        let Some(entry) = models.get(key) else {
             return Err(InferError::not_found(format!(
                 "Request for unknown model: '{name}' is not found"
             )));
@@ -532,7 +519,7 @@ impl Repository {
             });
         }
         // The repository folders hold the operator's models only.
-        if crate::namespace::split(name).0.is_some() {
+        if crate::namespace::ModelKey::parse(name).tenant.is_some() {
             return None;
         }
         self.paths
@@ -690,8 +677,9 @@ impl Control<'_> {
         name: &str,
         config_override: Option<ModelConfig>,
     ) -> Result<LoadOutcome, ControlError> {
+        let shown = crate::namespace::shown(name);
         if let Some(reason) = self.repo.store.as_ref().and_then(|s| s.damage(name)) {
-            let message = format!("failed to load '{name}': {reason}");
+            let message = format!("failed to load '{shown}': {reason}");
             if !self
                 .repo
                 .read()
@@ -710,7 +698,7 @@ impl Control<'_> {
         }
         let mut source = self.repo.source_of(name).ok_or_else(|| {
             ControlError::NotFound(format!(
-                "failed to load '{name}': no model directory '{name}' in the model repositories or the store"
+                "failed to load '{shown}': no model directory '{shown}' in the model repositories or the store"
             ))
         })?;
         source.config_override = config_override.map(Arc::new);
@@ -771,16 +759,22 @@ impl Control<'_> {
             prepare(&prepared_name, &prepared_source, &options)
         })
         .await
-        .map_err(|e| ControlError::Internal(format!("reading '{name}' failed: {e}")))?;
+        .map_err(|e| {
+            ControlError::Internal(format!(
+                "reading '{}' failed: {e}",
+                crate::namespace::shown(&name)
+            ))
+        })?;
         entry.explicit = mode.explicit;
         // A tenant's model calls names of its namespace.
-        let namespace = crate::namespace::split(&name).0;
+        let namespace = crate::namespace::ModelKey::parse(&name).tenant;
         entry.dependencies = entry
             .dependencies
             .iter()
             .map(|dep| repo.resolve(namespace, dep))
             .collect();
         let live = repo.read().get(&name).cloned();
+        let shown = crate::namespace::shown(&name).to_owned();
         let fail = |entry: ModelEntry, message: String| {
             if mode.record_failure && !live.as_ref().is_some_and(ModelEntry::has_ready) {
                 repo.update(|t| {
@@ -791,7 +785,7 @@ impl Control<'_> {
         };
         let Some(kind) = kind else {
             let reason = entry.error.clone().unwrap_or_default();
-            return fail(entry, format!("failed to load '{name}': {reason}"));
+            return fail(entry, format!("failed to load '{shown}': {reason}"));
         };
         // What it calls loads first, so an ensemble plans against it and a handler's
         // `initialize` can call it.
@@ -802,14 +796,16 @@ impl Control<'_> {
             }
             if visiting.contains(&dep) {
                 let message = format!(
-                    "failed to load '{name}': dependency cycle {} -> {dep}",
-                    visiting.join(" -> ")
+                    "failed to load '{shown}': dependency cycle {} -> {}",
+                    crate::namespace::shown_chain(visiting.iter().map(String::as_str)),
+                    crate::namespace::shown(&dep)
                 );
                 return fail(with_error(entry, &message), message);
             }
             let Some(dep_source) = repo.source_of(&dep) else {
                 let message = format!(
-                    "failed to load '{name}': it depends on '{dep}', which is in no model repository"
+                    "failed to load '{shown}': it depends on '{}', which is in no model repository",
+                    crate::namespace::shown(&dep)
                 );
                 return fail(with_error(entry, &message), message);
             };
@@ -822,8 +818,10 @@ impl Control<'_> {
                 .load_source(dep.clone(), dep_source, dep_mode, visiting.clone())
                 .await
             {
-                let message =
-                    format!("failed to load '{name}': it depends on '{dep}', which failed: {e}");
+                let message = format!(
+                    "failed to load '{shown}': it depends on '{}', which failed: {e}",
+                    crate::namespace::shown(&dep)
+                );
                 return fail(with_error(entry, &message), message);
             }
         }
@@ -869,7 +867,11 @@ impl Control<'_> {
                 .get(&name)
                 .is_some_and(ModelEntry::has_ready);
             if !failures.is_empty() {
-                let message = format!("failed to load '{name}': {}", failures.join("; "));
+                let message = format!(
+                    "failed to load '{}': {}",
+                    crate::namespace::shown(&name),
+                    failures.join("; ")
+                );
                 if live_serves {
                     tracing::warn!(model = %name, "{message}; the serving version is unchanged");
                     return Err(ControlError::Invalid(format!(
@@ -935,7 +937,8 @@ impl Control<'_> {
                     Ok(Vec::new())
                 } else {
                     Err(ControlError::NotFound(format!(
-                        "failed to unload '{name}': no model '{name}' in the model repositories or the store"
+                        "failed to unload '{shown}': no model '{shown}' in the model repositories or the store",
+                        shown = crate::namespace::shown(name)
                     )))
                 };
             };
@@ -1196,8 +1199,9 @@ fn prepare(
         return fail(
             entry,
             format!(
-                "config name '{}' does not match the directory name '{name}'",
-                config.name
+                "config name '{}' does not match the directory name '{}'",
+                crate::namespace::shown(&config.name),
+                crate::namespace::shown(name)
             ),
         );
     }

@@ -20,7 +20,7 @@ use crate::infer::{
 };
 use crate::limits::ServerLimits;
 use crate::metrics::StatsSnapshot;
-use crate::namespace;
+use crate::namespace::{self, ModelKey};
 use crate::repository::{
     ControlError, IndexRow, LoadOptions, LoadOutcome, ModelSource, Origin, Repository,
     StartupModels,
@@ -28,7 +28,7 @@ use crate::repository::{
 use crate::scheduler::rate_limit::RateLimiter;
 use crate::signature::ModelMetadata;
 use crate::store::{Store, check_model_name, check_relative_path};
-use crate::tenants::{AdminKey, Caller, Tenants};
+use crate::tenants::{AdminKey, Principal, Tenants};
 
 /// Triton's `--model-control-mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -295,8 +295,8 @@ impl Server {
     /// The system shared-memory regions the front-ends read inputs from and write outputs to.
     /// The operator's only: a region's key reaches any shared-memory object of the server's
     /// user, so with tenancy on, tenants' requests get no regions.
-    pub fn shared_memory(&self, caller: &Caller) -> Option<&crate::shm::SharedMemory> {
-        matches!(caller, Caller::Operator).then_some(&self.shared_memory)
+    pub fn shared_memory(&self, principal: &Principal) -> Option<&crate::shm::SharedMemory> {
+        matches!(principal, Principal::Operator).then_some(&self.shared_memory)
     }
 
     /// The key a model name means in `namespace` ([`Repository::resolve`]).
@@ -304,7 +304,7 @@ impl Server {
         match namespace {
             // A key names a tenant's model; the operator reaches tenants' models only through
             // the admin API.
-            None if name.contains(namespace::SEPARATOR) => Err(InferError::not_found(format!(
+            None if ModelKey::is_key(name) => Err(InferError::not_found(format!(
                 "Request for unknown model: '{name}' is not found"
             ))),
             None => Ok(name.to_owned()),
@@ -314,10 +314,16 @@ impl Server {
 
     /// Whether `key` is visible in `namespace`: its own, or granted to it.
     fn visible(&self, namespace: Option<&str>, key: &str) -> bool {
-        match (namespace, namespace::split(key)) {
-            (None, (owner, _)) => owner.is_none(),
-            (Some(tenant), (Some(owner), _)) => owner == tenant,
-            (Some(tenant), (None, name)) => self.tenants.granted(tenant, name),
+        match (namespace, ModelKey::parse(key)) {
+            (None, key) => key.tenant.is_none(),
+            (
+                Some(tenant),
+                ModelKey {
+                    tenant: Some(owner),
+                    ..
+                },
+            ) => owner == tenant,
+            (Some(tenant), ModelKey { tenant: None, name }) => self.tenants.granted(tenant, name),
         }
     }
 
@@ -345,29 +351,9 @@ impl Server {
             request_id = cx.request_id,
         );
         cx.span = hop.clone();
-        self.infer_in_namespace(cx, model, version, request)
+        self.infer_key(cx, model, version, request)
             .instrument(hop)
             .await
-    }
-
-    async fn infer_in_namespace(
-        &self,
-        cx: CallContext,
-        model: &str,
-        version: Option<i64>,
-        request: InferRequest,
-    ) -> InferResult {
-        let Some(namespace) = cx.namespace().map(str::to_owned) else {
-            return self.infer_key(cx, model, version, request).await;
-        };
-        let namespace = Some(namespace.as_str());
-        match self.infer_key(cx, model, version, request).await {
-            Ok(mut response) => {
-                response.model_name = namespace::present(namespace, &response.model_name);
-                Ok(response)
-            }
-            Err(e) => Err(e.present(namespace)),
-        }
     }
 
     async fn infer_key(
@@ -383,8 +369,9 @@ impl Server {
             return Err(InferError::new(
                 ErrorKind::ResourceExhausted,
                 format!(
-                    "BLS cycle: {} -> {model} would wait on itself",
-                    cx.call_chain.join(" -> ")
+                    "BLS cycle: {} -> {} would wait on itself",
+                    namespace::shown_chain(cx.call_chain.iter().map(String::as_str)),
+                    namespace::shown(model)
                 ),
             ));
         }
@@ -392,7 +379,10 @@ impl Server {
         if cx.call_chain.len() >= max_depth {
             return Err(InferError::new(
                 ErrorKind::ResourceExhausted,
-                format!("BLS call depth limit of {max_depth} exceeded calling '{model}'"),
+                format!(
+                    "BLS call depth limit of {max_depth} exceeded calling '{}'",
+                    namespace::shown(model)
+                ),
             ));
         }
         // Client requests are admitted here; the calls they make inside are part of them.
@@ -423,8 +413,9 @@ impl Server {
                 InferError::new(
                     ErrorKind::ResourceExhausted,
                     format!(
-                        "BLS cycle across requests: {caller} -> {} would wait on a request that waits on it",
-                        cycle.join(" -> ")
+                        "BLS cycle across requests: {} -> {} would wait on a request that waits on it",
+                        namespace::Caller::parse(caller),
+                        namespace::shown_chain(cycle.iter().map(String::as_str))
                     ),
                 )
             })?),
@@ -448,13 +439,13 @@ impl Server {
     /// named it.
     pub fn model_metadata(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         model: &str,
         version: Option<i64>,
     ) -> Result<ModelMetadata, InferError> {
         Inference::metadata(
             self,
-            &CallContext::root_for(caller.tenant()),
+            &CallContext::root_for(principal.tenant()),
             model,
             version,
         )
@@ -473,7 +464,7 @@ impl Server {
             None => self.repository.versions(&key),
         };
         Ok(ModelMetadata::new(
-            &m.name,
+            namespace::shown(&m.name),
             &m.config,
             &m.signature,
             versions,
@@ -484,29 +475,28 @@ impl Server {
     /// `Unavailable` when it exists but is not ready.
     pub fn model_ready(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         model: &str,
         version: Option<i64>,
     ) -> Result<(), InferError> {
-        let namespace = caller.namespace();
+        let namespace = principal.namespace();
         let key = self.resolve(namespace, model)?;
         match self.repository.ready_model(&key, version) {
             Ok(_) => Ok(()),
             Err(e) if !self.repository.contains(&key, version) => Err(e),
             Err(e) => Err(InferError::unavailable(e.message)),
         }
-        .map_err(|e| e.present(namespace))
     }
 
     /// The configuration of a model, even when no version is ready (named as the caller named
     /// it).
     pub fn model_config(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         model: &str,
         version: Option<i64>,
     ) -> Result<Arc<ModelConfig>, InferError> {
-        let namespace = caller.namespace();
+        let namespace = principal.namespace();
         let key = self.resolve(namespace, model)?;
         if !self.repository.contains(&key, version) {
             return Err(InferError::not_found(format!(
@@ -520,18 +510,18 @@ impl Server {
             return Ok(config);
         }
         let mut shown = ModelConfig::clone(&config);
-        shown.name = namespace::present(namespace, &shown.name);
+        shown.name = namespace::shown(&config.name).to_owned();
         Ok(Arc::new(shown))
     }
 
     /// Statistics of the READY versions of `model` (every model the caller sees when `None`).
     pub fn statistics(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         model: Option<&str>,
         version: Option<i64>,
     ) -> Result<Vec<VersionStatistics>, InferError> {
-        let namespace = caller.namespace();
+        let namespace = principal.namespace();
         let key = model.map(|m| self.resolve(namespace, m)).transpose()?;
         if let (Some(m), Some(key)) = (model, &key)
             && !self.repository.contains(key, version)
@@ -550,7 +540,7 @@ impl Server {
                     && version.is_none_or(|v| m.version == v)
             })
             .map(|m| VersionStatistics {
-                name: namespace::present(namespace, &m.name),
+                name: namespace::shown(&m.name).to_owned(),
                 version: m.version,
                 stats: m.stats.snapshot(),
             })
@@ -559,18 +549,30 @@ impl Server {
 
     /// Every model and version the caller sees, with its state (`ready_only`: the READY
     /// versions).
-    pub fn repository_index(&self, caller: &Caller, ready_only: bool) -> Vec<IndexRow> {
-        let namespace = caller.namespace();
+    pub fn repository_index(&self, principal: &Principal, ready_only: bool) -> Vec<IndexRow> {
+        let namespace = principal.namespace();
         self.repository
             .index(ready_only)
             .into_iter()
             .filter(|row| self.visible(namespace, &row.name))
             .map(|row| IndexRow {
-                name: namespace::present(namespace, &row.name),
-                reason: namespace::present(namespace, &row.reason),
+                name: namespace::shown(&row.name).to_owned(),
                 ..row
             })
             .collect()
+    }
+
+    /// The key of `name` in the principal's namespace, for a control request (`what` says
+    /// which, for the refusal): the mode allows it and the name is one a user may give.
+    fn control_key(
+        &self,
+        principal: &Principal,
+        what: &str,
+        name: &str,
+    ) -> Result<String, ControlError> {
+        self.check_control(&format!("{what} '{name}'"))?;
+        check_model_name(name)?;
+        Ok(ModelKey::new(principal.namespace(), name).key())
     }
 
     fn check_control(&self, what: &str) -> Result<(), ControlError> {
@@ -590,28 +592,12 @@ impl Server {
     /// version, and swapped in; the answer comes only after all of that.
     pub async fn load_model(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         name: &str,
         request: LoadRequest,
     ) -> Result<Deployed, ControlError> {
-        let namespace = caller.namespace();
-        self.check_control(&format!("load '{name}'"))?;
-        check_model_name(name)?;
-        let key = namespace::qualify(namespace, name);
-        self.load_key(namespace, &key, name, request)
-            .await
-            .map_err(|e| e.present(namespace))
-    }
-
-    /// [`Server::load_model`] of the model `key`, named `shown` by its caller.
-    async fn load_key(
-        &self,
-        namespace: Option<&str>,
-        key: &str,
-        shown: &str,
-        request: LoadRequest,
-    ) -> Result<Deployed, ControlError> {
-        let name = key;
+        let key = &self.control_key(principal, "load", name)?;
+        let (shown, name) = (name, key.as_str());
         let config = request
             .config
             .as_deref()
@@ -659,7 +645,7 @@ impl Server {
             ))
         })?;
         let mut files = self.check_files(name, request.files)?;
-        if let Some(tenant) = namespace {
+        if let Some(tenant) = principal.namespace() {
             let bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
             self.check_deployment_quota(tenant, Area::Models, key, bytes)?;
         }
@@ -705,22 +691,16 @@ impl Server {
     /// does not load at the next start.
     pub async fn unload_model(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         name: &str,
         unload_dependents: bool,
     ) -> Result<Vec<String>, ControlError> {
-        let namespace = caller.namespace();
-        self.check_control(&format!("unload '{name}'"))?;
-        check_model_name(name)?;
-        let key = namespace::qualify(namespace, name);
-        let unloaded = self
-            .unload_key(&key, unload_dependents)
-            .await
-            .map_err(|e| e.present(namespace))?;
+        let key = self.control_key(principal, "unload", name)?;
+        let unloaded = self.unload_key(&key, unload_dependents).await?;
         Ok(unloaded
             .iter()
-            .filter(|k| self.visible(namespace, k))
-            .map(|k| namespace::present(namespace, k))
+            .filter(|k| self.visible(principal.namespace(), k))
+            .map(|k| namespace::shown(k).to_owned())
             .collect())
     }
 
@@ -742,17 +722,12 @@ impl Server {
     }
 
     /// Serves the deployment's previous revision again.
-    pub async fn rollback(&self, caller: &Caller, name: &str) -> Result<Deployed, ControlError> {
-        let namespace = caller.namespace();
-        self.check_control(&format!("roll back '{name}'"))?;
-        check_model_name(name)?;
-        let key = namespace::qualify(namespace, name);
-        self.rollback_key(&key)
-            .await
-            .map_err(|e| e.present(namespace))
-    }
-
-    async fn rollback_key(&self, name: &str) -> Result<Deployed, ControlError> {
+    pub async fn rollback(
+        &self,
+        principal: &Principal,
+        name: &str,
+    ) -> Result<Deployed, ControlError> {
+        let name = &self.control_key(principal, "roll back", name)?;
         let store = self.repository.store().cloned().ok_or_else(|| {
             ControlError::NotAllowed("this server runs without a deployment store (--store)".into())
         })?;
@@ -823,18 +798,15 @@ impl Server {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         use crate::functions::FunctionEntry;
-        let key = namespace::qualify(cx.tenant.as_deref(), name);
+        let key = ModelKey::new(cx.tenant.as_deref(), name).key();
         let entry = match self.functions.get(&key) {
-            _ if name.contains(namespace::SEPARATOR) => None,
+            _ if ModelKey::is_key(name) => None,
             entry => entry,
         };
         let function = match entry {
             None => return Err(FunctionError::NotFound(name.to_owned())),
             Some(FunctionEntry::Failed(reason)) => {
-                return Err(FunctionError::Unavailable(
-                    name.to_owned(),
-                    namespace::present(cx.tenant.as_deref(), &reason),
-                ));
+                return Err(FunctionError::Unavailable(name.to_owned(), reason));
             }
             Some(FunctionEntry::Ready(function)) => function,
         };
@@ -854,18 +826,13 @@ impl Server {
     }
 
     /// Every function the caller sees, with its state.
-    pub fn functions(&self, caller: &Caller) -> Vec<(String, Result<(), String>)> {
-        let namespace = caller.namespace();
+    pub fn functions(&self, principal: &Principal) -> Vec<(String, Result<(), String>)> {
+        let namespace = principal.namespace();
         self.functions
             .list()
             .into_iter()
-            .filter(|(key, _)| namespace::split(key).0 == namespace)
-            .map(|(key, state)| {
-                (
-                    namespace::present(namespace, &key),
-                    state.map_err(|e| namespace::present(namespace, &e)),
-                )
-            })
+            .filter(|(key, _)| ModelKey::parse(key).tenant == namespace)
+            .map(|(key, state)| (namespace::shown(&key).to_owned(), state))
             .collect()
     }
 
@@ -877,25 +844,11 @@ impl Server {
     /// component, loads it again from its folder or the store.
     pub async fn load_function(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         name: &str,
         upload: Option<crate::functions::FunctionUpload>,
     ) -> Result<Deployed, ControlError> {
-        let namespace = caller.namespace();
-        self.check_control(&format!("load function '{name}'"))?;
-        check_model_name(name)?;
-        let key = namespace::qualify(namespace, name);
-        self.load_function_key(namespace, &key, upload)
-            .await
-            .map_err(|e| e.present(namespace))
-    }
-
-    async fn load_function_key(
-        &self,
-        namespace: Option<&str>,
-        name: &str,
-        upload: Option<crate::functions::FunctionUpload>,
-    ) -> Result<Deployed, ControlError> {
+        let name = &self.control_key(principal, "load function", name)?;
         let Some(upload) = upload else {
             self.functions
                 .reload(&self.wasm, name, self.inference())
@@ -912,7 +865,7 @@ impl Server {
                 "failed to deploy function '{name}': {size} bytes, over the limit of {limit} (--max-deployment-bytes)"
             )));
         }
-        if let Some(tenant) = namespace {
+        if let Some(tenant) = principal.namespace() {
             self.check_deployment_quota(tenant, Area::Functions, name, size as u64)?;
         }
         let (outcome, revision) = self
@@ -926,34 +879,26 @@ impl Server {
     }
 
     /// Stops serving a function; a deployed one stays in the store, unloaded.
-    pub async fn unload_function(&self, caller: &Caller, name: &str) -> Result<(), ControlError> {
-        let namespace = caller.namespace();
-        self.check_control(&format!("unload function '{name}'"))?;
-        check_model_name(name)?;
-        self.functions
-            .unload(&namespace::qualify(namespace, name))
-            .await
-            .map_err(|e| e.present(namespace))
+    pub async fn unload_function(
+        &self,
+        principal: &Principal,
+        name: &str,
+    ) -> Result<(), ControlError> {
+        let key = self.control_key(principal, "unload function", name)?;
+        self.functions.unload(&key).await
     }
 
     /// Serves a deployed function's previous revision again.
     pub async fn rollback_function(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         name: &str,
     ) -> Result<Deployed, ControlError> {
-        let namespace = caller.namespace();
-        self.check_control(&format!("roll back function '{name}'"))?;
-        check_model_name(name)?;
+        let key = self.control_key(principal, "roll back function", name)?;
         let revision = self
             .functions
-            .rollback(
-                &self.wasm,
-                &namespace::qualify(namespace, name),
-                self.inference(),
-            )
-            .await
-            .map_err(|e| e.present(namespace))?;
+            .rollback(&self.wasm, &key, self.inference())
+            .await?;
         Ok(Deployed {
             outcome: LoadOutcome::Loaded,
             revision: Some(revision),
@@ -983,7 +928,7 @@ impl Server {
             Area::Models => (models, quotas.max_models, "max_models"),
             Area::Functions => (functions, quotas.max_functions, "max_functions"),
         };
-        let shown = namespace::split(key).1;
+        let shown = namespace::shown(key);
         if count >= limit as usize {
             return Err(ControlError::Forbidden(format!(
                 "failed to deploy '{shown}': tenant '{tenant}' has {count} deployed, its quota {quota} ({limit})"
@@ -1004,7 +949,7 @@ impl Server {
     /// files that the next start removes.
     pub async fn delete_tenant(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
         crate::deploy::disk(|| self.tenants.delete(name))?;
-        let prefix = namespace::qualify(Some(name), "");
+        let prefix = ModelKey::tenant_prefix(name);
         let models: Vec<String> = self
             .repository
             .index(false)
@@ -1106,13 +1051,7 @@ impl Inference for Server {
         model: &str,
         version: Option<i64>,
     ) -> Result<ModelMetadata, InferError> {
-        let namespace = cx.namespace();
-        self.metadata_in(namespace, model, version)
-            .map(|mut m| {
-                m.name = namespace::present(namespace, &m.name);
-                m
-            })
-            .map_err(|e| e.present(namespace))
+        self.metadata_in(cx.namespace(), model, version)
     }
 }
 

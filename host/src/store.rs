@@ -65,9 +65,9 @@ pub enum StoreError {
     },
     #[error("{0}")]
     Invalid(String),
-    #[error("model '{0}' has no deployed revision")]
+    #[error("model '{}' has no deployed revision", crate::namespace::shown(.0))]
     NotDeployed(String),
-    #[error("model '{0}' has no earlier revision to roll back to")]
+    #[error("model '{}' has no earlier revision to roll back to", crate::namespace::shown(.0))]
     NoEarlierRevision(String),
 }
 
@@ -160,9 +160,10 @@ pub fn check_model_name(name: &str) -> Result<(), StoreError> {
 
 /// A key: a name, or `tenant/name` (both parts checked as names).
 pub fn check_key(key: &str) -> Result<(), StoreError> {
-    match crate::namespace::split(key) {
-        (Some(tenant), name) => check_model_name(tenant).and_then(|()| check_model_name(name)),
-        (None, name) => check_model_name(name),
+    let key = crate::namespace::ModelKey::parse(key);
+    match key.tenant {
+        Some(tenant) => check_model_name(tenant).and_then(|()| check_model_name(key.name)),
+        None => check_model_name(key.name),
     }
 }
 
@@ -315,21 +316,22 @@ impl Store {
     }
 
     fn model_dir(&self, key: &str) -> PathBuf {
-        match crate::namespace::split(key) {
-            (Some(tenant), name) => self
+        let key = crate::namespace::ModelKey::parse(key);
+        match key.tenant {
+            Some(tenant) => self
                 .root
                 .join(TENANTS_DIR)
                 .join(tenant)
                 .join(self.area)
-                .join(name),
-            (None, name) => self.root.join(self.area).join(name),
+                .join(key.name),
+            None => self.root.join(self.area).join(key.name),
         }
     }
 
     /// How many deployments `tenant` has in this area, and the bytes of their serving
     /// revisions, leaving out `except` (the one being replaced).
     pub fn usage(&self, tenant: &str, except: &str) -> (usize, u64) {
-        let prefix = crate::namespace::qualify(Some(tenant), "");
+        let prefix = crate::namespace::ModelKey::tenant_prefix(tenant);
         let keys: Vec<(String, u64)> = self
             .manifests()
             .iter()
@@ -345,7 +347,7 @@ impl Store {
 
     /// Forgets every deployment of `tenant` in this area and removes their folder.
     pub fn remove_tenant(&self, tenant: &str) -> Result<(), StoreError> {
-        let prefix = crate::namespace::qualify(Some(tenant), "");
+        let prefix = crate::namespace::ModelKey::tenant_prefix(tenant);
         let mut manifests = self.manifests();
         manifests.retain(|k, _| !k.starts_with(&prefix));
         let dir = self.root.join(TENANTS_DIR).join(tenant).join(self.area);
@@ -387,7 +389,14 @@ impl Store {
         let dir = self.root.join("tmp").join(format!(
             "{}.{}.{nonce:016x}",
             self.area,
-            name.replace(crate::namespace::SEPARATOR, "~")
+            // A file name, so the tenant and the name are joined by a character no name holds.
+            match crate::namespace::ModelKey::parse(name) {
+                crate::namespace::ModelKey {
+                    tenant: Some(tenant),
+                    name,
+                } => format!("{tenant}~{name}"),
+                key => key.name.to_owned(),
+            }
         ));
         let staged = Staged {
             name: name.to_owned(),
@@ -626,8 +635,12 @@ impl Store {
     }
 
     fn write_manifest(&self, name: &str, manifest: &Manifest) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec_pretty(manifest)
-            .map_err(|e| StoreError::Invalid(format!("manifest of '{name}': {e}")))?;
+        let bytes = serde_json::to_vec_pretty(manifest).map_err(|e| {
+            StoreError::Invalid(format!(
+                "manifest of '{}': {e}",
+                crate::namespace::shown(name)
+            ))
+        })?;
         replace_file(&self.model_dir(name).join(MANIFEST), &bytes)
     }
 }
@@ -694,7 +707,7 @@ fn scan_area(
         if check_model_name(&file_name).is_err() || !dir.is_dir() {
             continue;
         }
-        let name = crate::namespace::qualify(tenant, &file_name);
+        let name = crate::namespace::ModelKey::new(tenant, &file_name).key();
         let revisions = revisions_in(&dir);
         let manifest = match read_manifest(&dir.join(MANIFEST)) {
             Found::Manifest(m) => m,
@@ -755,10 +768,11 @@ fn rand_nonce() -> u64 {
 mod tests {
     use super::*;
 
-    fn scratch(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("tessera-store-{tag}-{:x}", rand_nonce()));
-        let _ = fs::remove_dir_all(&dir);
-        dir
+    /// A store root that does not exist yet, in a folder removed when the guard drops.
+    fn scratch() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let root = dir.path().join("store");
+        (dir, root)
     }
 
     #[test]
@@ -785,7 +799,7 @@ mod tests {
 
     #[test]
     fn deploy_publish_rollback_and_recover() {
-        let root = scratch("cycle");
+        let (_scratch, root) = scratch();
         let store = Store::open(&root, "models", false).expect("opens");
         let files = [(
             PathBuf::from("1/model.wasm"),
@@ -827,7 +841,6 @@ mod tests {
             .commit(store.stage("m", &[]).expect("stages"))
             .expect("commits");
         assert_eq!(next, 8, "after the newest published revision");
-        fs::remove_dir_all(&root).expect("cleans up");
     }
 
     /// Two published revisions of `m` in a fresh store at `root`.
@@ -862,7 +875,7 @@ mod tests {
             }),
         ];
         for (what, break_it) in damage {
-            let root = scratch("damaged");
+            let (_scratch, root) = scratch();
             drop(deployed_twice(&root));
             let manifest = root.join("models/m").join(MANIFEST);
             break_it(&manifest);
@@ -898,13 +911,12 @@ mod tests {
                         .starts_with("manifest.json.damaged-")
                 });
             assert!(aside, "{what}: the damaged manifest is kept beside");
-            fs::remove_dir_all(&root).expect("cleans up");
         }
     }
 
     #[test]
     fn a_missing_manifest_keeps_acknowledged_revisions() {
-        let root = scratch("missing");
+        let (_scratch, root) = scratch();
         drop(deployed_twice(&root));
         fs::remove_file(root.join("models/m").join(MANIFEST)).expect("removes");
         let store = Store::open(&root, "models", false).expect("opens");
@@ -921,12 +933,11 @@ mod tests {
             m.revisions.iter().map(|r| r.revision).collect::<Vec<_>>(),
             [1, 2, 3]
         );
-        fs::remove_dir_all(&root).expect("cleans up");
     }
 
     #[test]
     fn a_first_deployment_that_never_completed_is_removed() {
-        let root = scratch("first");
+        let (_scratch, root) = scratch();
         let store = Store::open(&root, "models", false).expect("opens");
         // A crash after the commit of a first deployment, before its publish.
         let (_, dir) = store
@@ -946,7 +957,6 @@ mod tests {
             .expect("commits");
         store.discard("n", r);
         assert!(!root.join("models/n").exists());
-        fs::remove_dir_all(&root).expect("cleans up");
     }
 
     #[test]

@@ -303,27 +303,28 @@ pub struct WasmCeiling {
     pub max_time: Duration,
 }
 
-/// Who made a request.
+/// Who made a request: the principal its key authenticates (not the model that calls; see
+/// `namespace::Caller`).
 #[derive(Clone)]
-pub enum Caller {
+pub enum Principal {
     /// The operator: the admin key, or anyone on a server without tenancy.
     Operator,
     Tenant(Arc<Tenant>),
 }
 
-impl Caller {
-    /// The namespace the caller's names resolve in (None: the operator's).
+impl Principal {
+    /// The namespace the principal's names resolve in (None: the operator's).
     pub fn namespace(&self) -> Option<&str> {
         match self {
-            Caller::Operator => None,
-            Caller::Tenant(t) => Some(&t.name),
+            Principal::Operator => None,
+            Principal::Tenant(t) => Some(&t.name),
         }
     }
 
     pub fn tenant(&self) -> Option<Arc<str>> {
         match self {
-            Caller::Operator => None,
-            Caller::Tenant(t) => Some(t.name.clone()),
+            Principal::Operator => None,
+            Principal::Tenant(t) => Some(t.name.clone()),
         }
     }
 }
@@ -479,9 +480,9 @@ impl Tenants {
     }
 
     /// Who sent `authorization` (the header's value). Without tenancy, everyone is the operator.
-    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Caller, AuthError> {
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Principal, AuthError> {
         let Some(admin) = &self.admin else {
-            return Ok(Caller::Operator);
+            return Ok(Principal::Operator);
         };
         let header = authorization.ok_or(AuthError::Missing)?;
         let key = std::str::from_utf8(header)
@@ -507,13 +508,13 @@ impl Tenants {
                 .ok_or(AuthError::Invalid)?;
             let expected = hex::decode(&record.hash).map_err(|_| AuthError::Invalid)?;
             return if self.matches(key, &expected) {
-                Ok(Caller::Tenant(tenant.clone()))
+                Ok(Principal::Tenant(tenant.clone()))
             } else {
                 Err(AuthError::Invalid)
             };
         }
         if self.matches(key, admin) {
-            Ok(Caller::Operator)
+            Ok(Principal::Operator)
         } else {
             Err(AuthError::Invalid)
         }
@@ -534,7 +535,7 @@ impl Tenants {
 
     /// The Wasm ceilings of the namespace `key` is in (None: the operator's, no ceiling).
     pub fn ceiling(&self, key: &str) -> Option<WasmCeiling> {
-        let tenant = self.get(crate::namespace::split(key).0?)?;
+        let tenant = self.get(crate::namespace::ModelKey::parse(key).tenant?)?;
         Some(WasmCeiling {
             max_memory_bytes: tenant.record.quotas.max_wasm_memory_bytes,
             max_time: Duration::from_millis(tenant.record.quotas.max_wasm_time_ms),
@@ -784,26 +785,8 @@ mod tests {
 
     const ADMIN: &str = "admin-key-for-tests-0123";
 
-    fn scratch() -> tempdir::Scratch {
-        tempdir::Scratch::new()
-    }
-
-    mod tempdir {
-        /// A folder removed when dropped.
-        pub struct Scratch(pub std::path::PathBuf);
-        impl Scratch {
-            pub fn new() -> Scratch {
-                let mut bytes = [0u8; 8];
-                let _ = getrandom::fill(&mut bytes);
-                let name = hex::encode(bytes);
-                Scratch(std::env::temp_dir().join(format!("tessera-tenants-{name}")))
-            }
-        }
-        impl Drop for Scratch {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
+    fn scratch() -> tempfile::TempDir {
+        tempfile::tempdir().expect("a scratch folder")
     }
 
     fn bearer(key: &str) -> Vec<u8> {
@@ -813,16 +796,16 @@ mod tests {
     #[test]
     fn keys_authenticate_until_revoked_and_survive_a_reopen() -> Result<(), TenantError> {
         let dir = scratch();
-        let tenants = Tenants::open(&dir.0, ADMIN)?;
+        let tenants = Tenants::open(dir.path(), ADMIN)?;
         tenants.create("acme")?;
         let (id, key) = tenants.issue_key("acme")?;
         assert!(matches!(
             tenants.authenticate(Some(&bearer(&key))),
-            Ok(Caller::Tenant(t)) if &*t.name == "acme"
+            Ok(Principal::Tenant(t)) if &*t.name == "acme"
         ));
         assert!(matches!(
             tenants.authenticate(Some(&bearer(ADMIN))),
-            Ok(Caller::Operator)
+            Ok(Principal::Operator)
         ));
         assert_eq!(tenants.authenticate(None).err(), Some(AuthError::Missing));
         let mut wrong = key.clone();
@@ -833,17 +816,18 @@ mod tests {
             Some(AuthError::Invalid)
         );
         // What is on disk is a keyed hash, never the key.
-        let on_disk = std::fs::read_to_string(dir.0.join(REGISTRY_FILE)).map_err(io(&dir.0))?;
+        let on_disk =
+            std::fs::read_to_string(dir.path().join(REGISTRY_FILE)).map_err(io(dir.path()))?;
         assert!(!on_disk.contains(&key[KEY_PREFIX.len() + 13..]));
 
-        let reopened = Tenants::open(&dir.0, ADMIN)?;
+        let reopened = Tenants::open(dir.path(), ADMIN)?;
         assert!(reopened.authenticate(Some(&bearer(&key))).is_ok());
         reopened.revoke_key("acme", &id)?;
         assert_eq!(
             reopened.authenticate(Some(&bearer(&key))).err(),
             Some(AuthError::Invalid)
         );
-        let again = Tenants::open(&dir.0, ADMIN)?;
+        let again = Tenants::open(dir.path(), ADMIN)?;
         assert!(again.authenticate(Some(&bearer(&key))).is_err());
         Ok(())
     }
@@ -869,7 +853,7 @@ mod tests {
     #[test]
     fn admission_counts_concurrency_and_rate() -> Result<(), TenantError> {
         let dir = scratch();
-        let tenants = Tenants::open(&dir.0, ADMIN)?;
+        let tenants = Tenants::open(dir.path(), ADMIN)?;
         tenants.create("acme")?;
         tenants.set_quotas(
             "acme",
@@ -905,7 +889,10 @@ mod tests {
     #[test]
     fn without_an_admin_key_everyone_is_the_operator() {
         let tenants = Tenants::disabled();
-        assert!(matches!(tenants.authenticate(None), Ok(Caller::Operator)));
+        assert!(matches!(
+            tenants.authenticate(None),
+            Ok(Principal::Operator)
+        ));
         assert!(matches!(tenants.create("acme"), Err(TenantError::Disabled)));
     }
 }

@@ -243,6 +243,21 @@ async fn tenants_see_only_their_own_names_on_every_path() {
     let config = acme.get("/v2/models/echo/config").await.json();
     assert_eq!(config["name"], "echo", "{config}");
 
+    // Messages name models as their owner named them, and the rest of a message is left as it
+    // was written: tenant `data`'s input `data/x` keeps its name.
+    let data = Client::new(&server, &tenant(&admin, "data").await);
+    let d = data
+        .deploy("echo", &echo_config("echo", 0, false), &echo)
+        .await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    let body = json!({ "inputs": [{ "name": "data/x", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }] });
+    let refused = data.post("/v2/models/echo/infer", &body).await;
+    assert_eq!(refused.status, 400, "{}", refused.text);
+    assert_eq!(
+        refused.json()["error"],
+        "unexpected inference input 'data/x' for model 'echo'"
+    );
+
     // acme's own: a model, a function, and a model named as beta's handler will call.
     let d = acme
         .deploy("secret_a", &echo_config("secret_a", 0, false), &echo)

@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from conftest import _stop, binary, launch
+from conftest import binary, launch, stop
 
 STRING_IDENTITY_CONFIG = """
 name: "string_identity"
@@ -50,11 +50,11 @@ def strings_server():
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text(STRING_IDENTITY_CONFIG)
     _string_identity_model(model / "1" / "model.onnx")
-    srv, proc, _ = launch(binary(), ["--model-repository", str(repo)])
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo)])
     try:
         yield srv
     finally:
-        _stop(proc)
+        stop(proc, log)
         shutil.rmtree(repo, ignore_errors=True)
 
 
@@ -163,7 +163,7 @@ def test_shutdown_closes_an_open_grpc_stream_within_the_exit_timeout(tmp_path):
     import threading
     import time
 
-    srv, proc, _ = launch(binary(), ["--store", str(tmp_path / "store"),
+    srv, proc, log = launch(binary(), ["--store", str(tmp_path / "store"),
                                      "--exit-timeout-secs", "2"])
     release = threading.Event()
 
@@ -186,4 +186,4 @@ def test_shutdown_closes_an_open_grpc_stream_within_the_exit_timeout(tmp_path):
     finally:
         release.set()
         channel.close()
-        _stop(proc)
+        stop(proc, log)

@@ -178,17 +178,6 @@ impl InferError {
             .map(|wait| (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1))
     }
 
-    /// The error as `namespace` reads it: its own keys shown as the names it gave.
-    pub fn present(self, namespace: Option<&str>) -> InferError {
-        if namespace.is_none() {
-            return self;
-        }
-        InferError {
-            message: crate::namespace::present(namespace, &self.message),
-            ..self
-        }
-    }
-
     /// Prefixes the message, keeping the kind.
     pub fn context(self, prefix: impl std::fmt::Display) -> Self {
         InferError {
@@ -247,7 +236,7 @@ impl CallContext {
     /// client's request, its tenant's.
     pub fn namespace(&self) -> Option<&str> {
         match self.caller() {
-            Some(caller) => crate::namespace::of_caller(caller),
+            Some(caller) => crate::namespace::Caller::parse(caller).namespace(),
             None => self.tenant.as_deref(),
         }
     }

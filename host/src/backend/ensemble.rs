@@ -311,7 +311,8 @@ async fn run(
         let response = result.map_err(|e| {
             e.context(format!(
                 "ensemble '{}' step '{}' failed",
-                plan.name, step.model
+                crate::namespace::shown(&plan.name),
+                step.model
             ))
         })?;
         for mut tensor in response.outputs {
@@ -326,7 +327,10 @@ async fn run(
         .iter()
         .map(|name| {
             tensors.remove(name).ok_or_else(|| {
-                InferError::internal(format!("ensemble '{}' did not produce '{name}'", plan.name))
+                InferError::internal(format!(
+                    "ensemble '{}' did not produce '{name}'",
+                    crate::namespace::shown(&plan.name)
+                ))
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

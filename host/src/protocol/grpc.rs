@@ -3,7 +3,7 @@
 //!
 //! Every RPC decodes its message, calls the same [`Server`] API as HTTP (`Server::infer` for
 //! inference, so gRPC requests share each model's queue with everyone else's), and encodes the
-//! answer. Errors carry the gRPC codes Triton uses. With tenancy on, the caller's key comes in
+//! answer. Errors carry the gRPC codes Triton uses. With tenancy on, the principal's key comes in
 //! the `authorization` metadata (`Bearer <key>`), as tritonclient sends headers.
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::api::Caller;
+use crate::api::Principal;
 use crate::api::{LoadRequest, Server};
 use crate::api::{StatsSnapshot, Tally};
 use crate::infer::InferError;
@@ -102,7 +102,7 @@ use tessera_core::kserve::parse_model_version as parse_version;
 
 impl Grpc {
     /// Who sent `request` (its `authorization` metadata); without tenancy, the operator.
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+    fn principal<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
         let header = request
             .metadata()
             .get("authorization")
@@ -116,7 +116,7 @@ impl Grpc {
     /// Runs one `ModelInferRequest` through the single request path.
     async fn infer(
         &self,
-        caller: &Caller,
+        principal: &Principal,
         trace: crate::protocol::TraceContext,
         message: pb::ModelInferRequest,
     ) -> Result<pb::ModelInferResponse, InferError> {
@@ -130,7 +130,7 @@ impl Grpc {
         };
         let answer = crate::protocol::client_infer(
             &self.server,
-            caller,
+            principal,
             request,
             self.verbose_errors,
             decode,
@@ -158,9 +158,9 @@ fn trace_context<T>(request: &Request<T>) -> crate::protocol::TraceContext {
 
 impl Grpc {
     /// The shared-memory registry, for the operator only.
-    fn shared_memory(&self, caller: &Caller) -> Result<&crate::api::SharedMemory, Status> {
+    fn shared_memory(&self, principal: &Principal) -> Result<&crate::api::SharedMemory, Status> {
         self.server
-            .shared_memory(caller)
+            .shared_memory(principal)
             .ok_or_else(|| Status::permission_denied(crate::api::SHARED_MEMORY_OPERATOR_ONLY))
     }
 }
@@ -192,11 +192,14 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let r = request.into_inner();
         let version = parse_version(&r.version).map_err(|e| status(&e))?;
         // Triton answers `ready: false` for a model that does not exist too.
-        let ready = self.server.model_ready(&caller, &r.name, version).is_ok();
+        let ready = self
+            .server
+            .model_ready(&principal, &r.name, version)
+            .is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -204,7 +207,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::ServerMetadataRequest>,
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
-        self.caller(&request)?;
+        self.principal(&request)?;
         Ok(Response::new(pb::ServerMetadataResponse {
             name: "tessera".into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -220,12 +223,12 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         use pb::model_metadata_response::TensorMetadata;
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let r = request.into_inner();
         let version = parse_version(&r.version).map_err(|e| status(&e))?;
         let m = self
             .server
-            .model_metadata(&caller, &r.name, version)
+            .model_metadata(&principal, &r.name, version)
             .map_err(|e| status(&e))?;
         let tensors = |specs: &[crate::signature::TensorSpec]| {
             specs
@@ -250,9 +253,9 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let trace = trace_context(&request);
-        self.infer(&caller, trace, request.into_inner())
+        self.infer(&principal, trace, request.into_inner())
             .await
             .map(Response::new)
             .map_err(|e| status(&e))
@@ -267,7 +270,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         // Each request of the stream is its own trace, under the stream's trace context.
         let trace = trace_context(&request);
         let this = Grpc {
@@ -278,11 +281,11 @@ impl GrpcInferenceService for Grpc {
         let answers = request
             .into_inner()
             .map(move |message| {
-                let (this, caller, trace) = (this.clone(), caller.clone(), trace.clone());
+                let (this, principal, trace) = (this.clone(), principal.clone(), trace.clone());
                 async move {
                     let message = message?;
                     let id = message.id.clone();
-                    Ok(match this.infer(&caller, trace, message).await {
+                    Ok(match this.infer(&principal, trace, message).await {
                         Ok(response) => pb::ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(response),
@@ -310,12 +313,12 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let r = request.into_inner();
         let version = parse_version(&r.version).map_err(|e| status(&e))?;
         let config = self
             .server
-            .model_config(&caller, &r.name, version)
+            .model_config(&principal, &r.name, version)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::ModelConfigResponse {
             config: Some(crate::config::ModelConfig::clone(&config)),
@@ -326,13 +329,13 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let r = request.into_inner();
         let version = parse_version(&r.version).map_err(|e| status(&e))?;
         let model = (!r.name.is_empty()).then_some(r.name.as_str());
         let stats = self
             .server
-            .statistics(&caller, model, version)
+            .statistics(&principal, model, version)
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::ModelStatisticsResponse {
             model_stats: stats
@@ -347,11 +350,11 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
         use pb::repository_index_response::ModelIndex;
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let ready = request.into_inner().ready;
         let models = self
             .server
-            .repository_index(&caller, ready)
+            .repository_index(&principal, ready)
             .into_iter()
             .map(|row| ModelIndex {
                 name: row.name,
@@ -368,7 +371,7 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         use pb::model_repository_parameter::ParameterChoice;
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let r = request.into_inner();
         let mut load = LoadRequest::default();
         for (key, value) in r.parameters {
@@ -385,7 +388,7 @@ impl GrpcInferenceService for Grpc {
             }
         }
         self.server
-            .load_model(&caller, &r.model_name, load)
+            .load_model(&principal, &r.model_name, load)
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
@@ -396,7 +399,7 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         use pb::model_repository_parameter::ParameterChoice;
-        let caller = self.caller(&request)?;
+        let principal = self.principal(&request)?;
         let r = request.into_inner();
         let mut dependents = false;
         for (key, value) in r.parameters {
@@ -410,7 +413,7 @@ impl GrpcInferenceService for Grpc {
             }
         }
         self.server
-            .unload_model(&caller, &r.model_name, dependents)
+            .unload_model(&principal, &r.model_name, dependents)
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
@@ -421,8 +424,8 @@ impl GrpcInferenceService for Grpc {
         request: Request<pb::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
         use pb::system_shared_memory_status_response::RegionStatus;
-        let caller = self.caller(&request)?;
-        let shm = self.shared_memory(&caller)?;
+        let principal = self.principal(&request)?;
+        let shm = self.shared_memory(&principal)?;
         let name = request.into_inner().name;
         let regions = shm
             .status((!name.is_empty()).then_some(name.as_str()))
@@ -447,8 +450,8 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
-        let caller = self.caller(&request)?;
-        let shm = self.shared_memory(&caller)?;
+        let principal = self.principal(&request)?;
+        let shm = self.shared_memory(&principal)?;
         let r = request.into_inner();
         let size = |n: u64| {
             usize::try_from(n).map_err(|_| Status::invalid_argument("offset or size too large"))
@@ -462,8 +465,8 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
-        let caller = self.caller(&request)?;
-        let shm = self.shared_memory(&caller)?;
+        let principal = self.principal(&request)?;
+        let shm = self.shared_memory(&principal)?;
         let name = request.into_inner().name;
         shm.unregister((!name.is_empty()).then_some(name.as_str()))
             .map_err(|e| status(&e))?;
@@ -476,7 +479,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
-        self.caller(&request)?;
+        self.principal(&request)?;
         match request.into_inner().name.as_str() {
             "" => Ok(Response::new(pb::CudaSharedMemoryStatusResponse::default())),
             name => Err(Status::not_found(format!(
@@ -496,7 +499,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         request: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
-        self.caller(&request)?;
+        self.principal(&request)?;
         match request.into_inner().name.as_str() {
             "" => Ok(Response::new(pb::CudaSharedMemoryUnregisterResponse {})),
             name => Err(Status::not_found(format!(

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use super::kserve::{Placement, decode_request_with, encode_response_placed};
-use crate::api::Caller;
+use crate::api::Principal;
 use crate::api::{ControlError, LoadOutcome};
 use crate::api::{Deployed, FunctionError, LoadRequest, Server};
 use crate::config;
@@ -140,7 +140,7 @@ fn kserve_routes() -> Router<AppState> {
         .layer(axum::middleware::map_response(kserve_error_body))
 }
 
-/// Functions: their answers reach the caller as the function wrote them.
+/// Functions: their answers reach the principal as the function wrote them.
 fn function_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/functions", get(list_functions))
@@ -163,7 +163,7 @@ fn health_routes() -> Router<AppState> {
 }
 
 /// Finds who is calling (`Authorization: Bearer <key>`) and hands it to the route as a
-/// [`Caller`]; 401 without a valid key once tenancy is on.
+/// [`Principal`]; 401 without a valid key once tenancy is on.
 async fn authenticate(
     State(s): State<AppState>,
     mut request: axum::extract::Request,
@@ -174,8 +174,8 @@ async fn authenticate(
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
     match s.server.tenants().authenticate(header) {
-        Ok(caller) => {
-            request.extensions_mut().insert(caller);
+        Ok(principal) => {
+            request.extensions_mut().insert(principal);
             next.run(request).await
         }
         Err(e) => error_response(&e),
@@ -269,8 +269,8 @@ async fn metrics(
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes);
         match server.tenants().authenticate(header) {
-            Ok(Caller::Operator) => {}
-            Ok(Caller::Tenant(_)) => return error_response(&crate::api::AuthError::Invalid),
+            Ok(Principal::Operator) => {}
+            Ok(Principal::Tenant(_)) => return error_response(&crate::api::AuthError::Invalid),
             Err(e) => return error_response(&e),
         }
     }
@@ -373,11 +373,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ModelRef {
 
 fn metadata(
     s: &AppState,
-    caller: &Caller,
+    principal: &Principal,
     model: &str,
     version: Option<i64>,
 ) -> Result<Value, InferError> {
-    let m = s.server.model_metadata(caller, model, version)?;
+    let m = s.server.model_metadata(principal, model, version)?;
     let tensors = |specs: &[TensorSpec]| -> Vec<Value> {
         specs
             .iter()
@@ -395,14 +395,14 @@ fn metadata(
 
 async fn model_metadata(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     target: ModelRef,
 ) -> Response {
-    metadata(&s, &caller, &target.model, target.version).map_or_else(error_response, json_ok)
+    metadata(&s, &principal, &target.model, target.version).map_or_else(error_response, json_ok)
 }
 
-fn readiness(s: &AppState, caller: &Caller, model: &str, version: Option<i64>) -> Response {
-    match s.server.model_ready(caller, model, version) {
+fn readiness(s: &AppState, principal: &Principal, model: &str, version: Option<i64>) -> Response {
+    match s.server.model_ready(principal, model, version) {
         Ok(()) => StatusCode::OK.into_response(),
         // Triton answers 400 for a model that exists but is not ready.
         Err(e) if e.kind == ErrorKind::Unavailable => (
@@ -416,64 +416,67 @@ fn readiness(s: &AppState, caller: &Caller, model: &str, version: Option<i64>) -
 
 async fn model_ready(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     target: ModelRef,
 ) -> Response {
-    readiness(&s, &caller, &target.model, target.version)
+    readiness(&s, &principal, &target.model, target.version)
 }
 
 fn model_config_json(
     s: &AppState,
-    caller: &Caller,
+    principal: &Principal,
     model: &str,
     version: Option<i64>,
 ) -> Result<Value, InferError> {
     s.server
-        .model_config(caller, model, version)
+        .model_config(principal, model, version)
         .map(|c| config::to_json(&c))
 }
 
 async fn model_config(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     target: ModelRef,
 ) -> Response {
-    model_config_json(&s, &caller, &target.model, target.version)
+    model_config_json(&s, &principal, &target.model, target.version)
         .map_or_else(error_response, json_ok)
 }
 
 fn stats_json(
     s: &AppState,
-    caller: &Caller,
+    principal: &Principal,
     model: Option<&str>,
     version: Option<i64>,
 ) -> Result<Value, InferError> {
     let entries: Vec<Value> = s
         .server
-        .statistics(caller, model, version)?
+        .statistics(principal, model, version)?
         .iter()
         .map(|v| v.stats.to_json(&v.name, &v.version.to_string()))
         .collect();
     Ok(json!({ "model_stats": entries }))
 }
 
-async fn all_stats(State(s): State<AppState>, Extension(caller): Extension<Caller>) -> Response {
-    stats_json(&s, &caller, None, None).map_or_else(|e| error_response(&e), json_ok)
+async fn all_stats(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Response {
+    stats_json(&s, &principal, None, None).map_or_else(|e| error_response(&e), json_ok)
 }
 
 async fn model_stats(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     target: ModelRef,
 ) -> Response {
-    stats_json(&s, &caller, Some(&target.model), target.version)
+    stats_json(&s, &principal, Some(&target.model), target.version)
         .map_or_else(error_response, json_ok)
 }
 
 /// `POST /v2/repository/index`, body `{"ready": true}` optional.
 async fn repository_index(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     body: Bytes,
 ) -> Response {
     let ready_only = if body.iter().all(u8::is_ascii_whitespace) {
@@ -490,7 +493,7 @@ async fn repository_index(
     };
     let rows: Vec<Value> = s
         .server
-        .repository_index(&caller, ready_only)
+        .repository_index(&principal, ready_only)
         .into_iter()
         .map(|r| {
             let mut row = json!({ "name": r.name });
@@ -512,11 +515,11 @@ async fn repository_index(
 /// `GET /v1/functions`: every function with its state.
 async fn list_functions(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
 ) -> Response {
     let rows: Vec<Value> = s
         .server
-        .functions(&caller)
+        .functions(&principal)
         .into_iter()
         .map(|(name, state)| match state {
             Ok(()) => {
@@ -530,32 +533,32 @@ async fn list_functions(
 
 async fn invoke_function_root(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(function): Path<String>,
     request: axum::extract::Request,
 ) -> Response {
-    run_function(s, caller, function, String::new(), request).await
+    run_function(s, principal, function, String::new(), request).await
 }
 
 async fn invoke_function(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path((function, path)): Path<(String, String)>,
     request: axum::extract::Request,
 ) -> Response {
-    run_function(s, caller, function, path, request).await
+    run_function(s, principal, function, path, request).await
 }
 
 /// Any method on `/v1/functions/{function}/{path}`: the function sees `/{path}?{query}` with the
 /// request's headers and body, as `wasmtime serve` would show it.
 async fn run_function(
     s: AppState,
-    caller: Caller,
+    principal: Principal,
     function: String,
     path: String,
     request: axum::extract::Request,
 ) -> Response {
-    let mut cx = CallContext::root_for(caller.tenant());
+    let mut cx = CallContext::root_for(principal.tenant());
     cx.span = super::TraceContext::from_headers(request.headers())
         .function_span(&function, cx.request_id);
     let (mut parts, body) = request.into_parts();
@@ -652,7 +655,7 @@ async fn deployment_parameters(
 /// parameters, as Triton takes them.
 async fn load_model(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(model): Path<String>,
     body: Body,
 ) -> Response {
@@ -685,7 +688,7 @@ async fn load_model(
             ));
         }
     }
-    match s.server.load_model(&caller, &model, request).await {
+    match s.server.load_model(&principal, &model, request).await {
         Ok(d) => json_ok(deployed_json(&model, &d)),
         Err(e) => error_response(&e),
     }
@@ -708,7 +711,7 @@ fn deployed_json(model: &str, d: &Deployed) -> Value {
 /// `POST /v2/repository/models/{m}/unload`, with the `unload_dependents` parameter.
 async fn unload_model(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(model): Path<String>,
     body: Bytes,
 ) -> Response {
@@ -725,7 +728,7 @@ async fn unload_model(
             ));
         }
     };
-    match s.server.unload_model(&caller, &model, dependents).await {
+    match s.server.unload_model(&principal, &model, dependents).await {
         Ok(unloaded) => json_ok(json!({ "model": model, "unloaded": unloaded })),
         Err(e) => error_response(&e),
     }
@@ -736,7 +739,7 @@ async fn unload_model(
 /// component, loads the function again from its folder or the store.
 async fn load_function(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(function): Path<String>,
     body: Body,
 ) -> Response {
@@ -777,7 +780,7 @@ async fn load_function(
         }
         (None, None) => None,
     };
-    match s.server.load_function(&caller, &function, upload).await {
+    match s.server.load_function(&principal, &function, upload).await {
         Ok(d) => json_ok(deployed_json(&function, &d)),
         Err(e) => error_response(&e),
     }
@@ -785,10 +788,10 @@ async fn load_function(
 
 async fn unload_function(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(function): Path<String>,
 ) -> Response {
-    match s.server.unload_function(&caller, &function).await {
+    match s.server.unload_function(&principal, &function).await {
         Ok(()) => json_ok(json!({ "function": function, "unloaded": true })),
         Err(e) => error_response(&e),
     }
@@ -796,10 +799,10 @@ async fn unload_function(
 
 async fn rollback_function(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(function): Path<String>,
 ) -> Response {
-    match s.server.rollback_function(&caller, &function).await {
+    match s.server.rollback_function(&principal, &function).await {
         Ok(d) => json_ok(deployed_json(&function, &d)),
         Err(e) => error_response(&e),
     }
@@ -808,10 +811,10 @@ async fn rollback_function(
 /// `POST /v2/repository/models/{m}/rollback` (tessera): serve the previous deployed revision.
 async fn rollback_model(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(model): Path<String>,
 ) -> Response {
-    match s.server.rollback(&caller, &model).await {
+    match s.server.rollback(&principal, &model).await {
         Ok(d) => json_ok(deployed_json(&model, &d)),
         Err(e) => error_response(&e),
     }
@@ -819,12 +822,12 @@ async fn rollback_model(
 
 async fn infer(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     target: ModelRef,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run_infer(s, caller, target.model, target.version, headers, body).await
+    run_infer(s, principal, target.model, target.version, headers, body).await
 }
 
 async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Response> {
@@ -845,7 +848,7 @@ async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Respon
 
 async fn run_infer(
     s: AppState,
-    caller: Caller,
+    principal: Principal,
     model: String,
     version: Option<i64>,
     headers: HeaderMap,
@@ -876,7 +879,7 @@ async fn run_infer(
         trace: super::TraceContext::from_headers(&headers),
     };
     let answer =
-        match super::client_infer(&s.server, &caller, request, s.verbose_errors, decode).await {
+        match super::client_infer(&s.server, &principal, request, s.verbose_errors, decode).await {
             Ok(answer) => answer,
             Err(e) => return error_response(&e),
         };
@@ -919,10 +922,10 @@ async fn run_infer(
 }
 
 /// The admin API is the operator's: the refusal a tenant gets.
-fn refuse_tenant(caller: &Caller) -> Option<Response> {
-    match caller {
-        Caller::Operator => None,
-        Caller::Tenant(_) => Some(
+fn refuse_tenant(principal: &Principal) -> Option<Response> {
+    match principal {
+        Principal::Operator => None,
+        Principal::Tenant(_) => Some(
             (
                 StatusCode::FORBIDDEN,
                 axum::Json(json!({ "error": "the tenant API needs the admin key" })),
@@ -934,11 +937,11 @@ fn refuse_tenant(caller: &Caller) -> Option<Response> {
 
 /// Runs an admin request (blocking on the registry's disk write) and answers its JSON.
 fn admin<T: serde::Serialize>(
-    caller: &Caller,
+    principal: &Principal,
     status: StatusCode,
     run: impl FnOnce() -> Result<T, crate::api::TenantError>,
 ) -> Response {
-    if let Some(refused) = refuse_tenant(caller) {
+    if let Some(refused) = refuse_tenant(principal) {
         return refused;
     }
     match tokio::task::block_in_place(run) {
@@ -948,8 +951,11 @@ fn admin<T: serde::Serialize>(
 }
 
 /// `GET /v1/tenants`.
-async fn list_tenants(State(s): State<AppState>, Extension(caller): Extension<Caller>) -> Response {
-    admin(&caller, StatusCode::OK, || {
+async fn list_tenants(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Response {
+    admin(&principal, StatusCode::OK, || {
         if s.server.tenants().enabled() {
             Ok(s.server.tenants().list())
         } else {
@@ -961,7 +967,7 @@ async fn list_tenants(State(s): State<AppState>, Extension(caller): Extension<Ca
 /// `POST /v1/tenants` with `{"name": "..."}`.
 async fn create_tenant(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     body: Bytes,
 ) -> Response {
     let name = serde_json::from_slice::<Value>(&body)
@@ -973,7 +979,7 @@ async fn create_tenant(
                 .into(),
         ));
     };
-    admin(&caller, StatusCode::CREATED, || {
+    admin(&principal, StatusCode::CREATED, || {
         s.server.tenants().create(&name)
     })
 }
@@ -981,19 +987,21 @@ async fn create_tenant(
 /// `GET /v1/tenants/{tenant}`.
 async fn show_tenant(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(tenant): Path<String>,
 ) -> Response {
-    admin(&caller, StatusCode::OK, || s.server.tenants().info(&tenant))
+    admin(&principal, StatusCode::OK, || {
+        s.server.tenants().info(&tenant)
+    })
 }
 
 /// `DELETE /v1/tenants/{tenant}`: its keys, models, functions and files go.
 async fn delete_tenant(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(tenant): Path<String>,
 ) -> Response {
-    if let Some(refused) = refuse_tenant(&caller) {
+    if let Some(refused) = refuse_tenant(&principal) {
         return refused;
     }
     match s.server.delete_tenant(&tenant).await {
@@ -1005,10 +1013,10 @@ async fn delete_tenant(
 /// `POST /v1/tenants/{tenant}/keys`: `{"id", "key"}`, the key shown only now.
 async fn issue_key(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(tenant): Path<String>,
 ) -> Response {
-    admin(&caller, StatusCode::CREATED, || {
+    admin(&principal, StatusCode::CREATED, || {
         s.server
             .tenants()
             .issue_key(&tenant)
@@ -1019,10 +1027,10 @@ async fn issue_key(
 /// `DELETE /v1/tenants/{tenant}/keys/{id}`: the key stops working at once.
 async fn revoke_key(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path((tenant, id)): Path<(String, String)>,
 ) -> Response {
-    admin(&caller, StatusCode::OK, || {
+    admin(&principal, StatusCode::OK, || {
         s.server
             .tenants()
             .revoke_key(&tenant, &id)
@@ -1033,7 +1041,7 @@ async fn revoke_key(
 /// `PUT /v1/tenants/{tenant}/quotas`: the fields given change; answers every quota.
 async fn set_quotas(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(tenant): Path<String>,
     body: Bytes,
 ) -> Response {
@@ -1045,7 +1053,7 @@ async fn set_quotas(
             )));
         }
     };
-    admin(&caller, StatusCode::OK, || {
+    admin(&principal, StatusCode::OK, || {
         s.server.tenants().set_quotas(&tenant, patch)
     })
 }
@@ -1053,10 +1061,10 @@ async fn set_quotas(
 /// `POST /v1/tenants/{tenant}/grants/{model}`: the tenant may call the operator's model.
 async fn grant_model(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path((tenant, model)): Path<(String, String)>,
 ) -> Response {
-    admin(&caller, StatusCode::OK, || {
+    admin(&principal, StatusCode::OK, || {
         s.server
             .tenants()
             .set_grant(&tenant, &model, true)
@@ -1067,10 +1075,10 @@ async fn grant_model(
 /// `DELETE /v1/tenants/{tenant}/grants/{model}`.
 async fn revoke_grant(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path((tenant, model)): Path<(String, String)>,
 ) -> Response {
-    admin(&caller, StatusCode::OK, || {
+    admin(&principal, StatusCode::OK, || {
         s.server
             .tenants()
             .set_grant(&tenant, &model, false)
@@ -1081,9 +1089,9 @@ async fn revoke_grant(
 /// The registry, for the operator only (403 for a tenant).
 fn shared_memory<'s>(
     s: &'s AppState,
-    caller: &Caller,
+    principal: &Principal,
 ) -> Result<&'s crate::api::SharedMemory, Box<Response>> {
-    s.server.shared_memory(caller).ok_or_else(|| {
+    s.server.shared_memory(principal).ok_or_else(|| {
         Box::new(
             (
                 StatusCode::FORBIDDEN,
@@ -1094,8 +1102,8 @@ fn shared_memory<'s>(
     })
 }
 
-fn shm_status(s: &AppState, caller: &Caller, region: Option<&str>) -> Response {
-    let shm = match shared_memory(s, caller) {
+fn shm_status(s: &AppState, principal: &Principal, region: Option<&str>) -> Response {
+    let shm = match shared_memory(s, principal) {
         Ok(shm) => shm,
         Err(r) => return *r,
     };
@@ -1115,24 +1123,24 @@ fn shm_status(s: &AppState, caller: &Caller, region: Option<&str>) -> Response {
 /// `GET /v2/systemsharedmemory/status`.
 async fn shm_status_all(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
 ) -> Response {
-    shm_status(&s, &caller, None)
+    shm_status(&s, &principal, None)
 }
 
 /// `GET /v2/systemsharedmemory/region/{region}/status`.
 async fn shm_status_one(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(region): Path<String>,
 ) -> Response {
-    shm_status(&s, &caller, Some(&region))
+    shm_status(&s, &principal, Some(&region))
 }
 
 /// `POST /v2/systemsharedmemory/region/{region}/register` with `{"key", "offset", "byte_size"}`.
 async fn shm_register(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(region): Path<String>,
     body: Bytes,
 ) -> Response {
@@ -1144,7 +1152,7 @@ async fn shm_register(
         offset: usize,
         byte_size: usize,
     }
-    let shm = match shared_memory(&s, &caller) {
+    let shm = match shared_memory(&s, &principal) {
         Ok(shm) => shm,
         Err(r) => return *r,
     };
@@ -1162,8 +1170,8 @@ async fn shm_register(
     }
 }
 
-fn shm_unregister(s: &AppState, caller: &Caller, region: Option<&str>) -> Response {
-    let shm = match shared_memory(s, caller) {
+fn shm_unregister(s: &AppState, principal: &Principal, region: Option<&str>) -> Response {
+    let shm = match shared_memory(s, principal) {
         Ok(shm) => shm,
         Err(r) => return *r,
     };
@@ -1176,18 +1184,18 @@ fn shm_unregister(s: &AppState, caller: &Caller, region: Option<&str>) -> Respon
 /// `POST /v2/systemsharedmemory/unregister`: every region.
 async fn shm_unregister_all(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
 ) -> Response {
-    shm_unregister(&s, &caller, None)
+    shm_unregister(&s, &principal, None)
 }
 
 /// `POST /v2/systemsharedmemory/region/{region}/unregister`.
 async fn shm_unregister_one(
     State(s): State<AppState>,
-    Extension(caller): Extension<Caller>,
+    Extension(principal): Extension<Principal>,
     Path(region): Path<String>,
 ) -> Response {
-    shm_unregister(&s, &caller, Some(&region))
+    shm_unregister(&s, &principal, Some(&region))
 }
 
 /// `GET /v2/cudasharedmemory/status`: no CUDA region can exist.
@@ -1219,32 +1227,20 @@ mod tests {
 
     const ADMIN: &str = "admin-key-for-http-tests";
 
-    /// A scratch directory removed when dropped.
-    struct Scratch(std::path::PathBuf);
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     /// A server with `add_sub_wasm` (built by host/build.rs), tenancy on, and `limits`.
-    async fn server(limits: crate::limits::ServerLimits) -> (Arc<Server>, Scratch) {
-        let mut random = [0u8; 8];
-        let _ = getrandom::fill(&mut random);
-        let scratch =
-            Scratch(std::env::temp_dir().join(format!("tessera-http-{}", hex::encode(random))));
+    async fn server(limits: crate::limits::ServerLimits) -> (Arc<Server>, tempfile::TempDir) {
+        let scratch = tempfile::tempdir().expect("a scratch folder");
         let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../model_repository/add_sub_wasm");
-        let model = scratch.0.join("repo/add_sub_wasm");
+        let model = scratch.path().join("repo/add_sub_wasm");
         std::fs::create_dir_all(model.join("1")).expect("repository");
         std::fs::copy(example.join("config.pbtxt"), model.join("config.pbtxt")).expect("config");
         std::fs::copy(example.join("1/model.wasm"), model.join("1/model.wasm"))
             .expect("model.wasm");
         let server = Server::start(crate::server::ServerOptions {
-            model_repositories: vec![scratch.0.join("repo")],
-            store_dir: Some(scratch.0.join("store")),
-            wasm_cache_dir: Some(scratch.0.join("cache")),
+            model_repositories: vec![scratch.path().join("repo")],
+            store_dir: Some(scratch.path().join("store")),
+            wasm_cache_dir: Some(scratch.path().join("cache")),
             admin_key: Some(crate::tenants::AdminKey(ADMIN.into())),
             limits,
             ..Default::default()

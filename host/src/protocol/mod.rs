@@ -18,7 +18,7 @@ pub use tessera_core::kserve;
 
 use std::collections::BTreeMap;
 
-use crate::api::Caller;
+use crate::api::Principal;
 use crate::api::Server;
 use crate::infer::{CallContext, InferError, InferRequest, InferResponse, ParamValue};
 use crate::infer::{RequestedOutput, SharedMemoryRef};
@@ -99,12 +99,12 @@ pub struct ClientAnswer {
 }
 
 /// The one inference step of every client front-end: `decode` reads the request with the
-/// caller's shared-memory regions (the operator's only), the request runs on the single request
-/// path ([`Server::infer`]) as a root call of the caller, internal details stay in the log
+/// principal's shared-memory regions (the operator's only), the request runs on the single request
+/// path ([`Server::infer`]) as a root call of the principal, internal details stay in the log
 /// unless `verbose_errors`, and outputs asked in shared memory are written there.
 pub async fn client_infer(
     server: &Server,
-    caller: &Caller,
+    principal: &Principal,
     request: ClientRequest<'_>,
     verbose_errors: bool,
     decode: impl FnOnce(&dyn RegionReader) -> Result<InferRequest, InferError>,
@@ -114,7 +114,7 @@ pub async fn client_infer(
         version,
         trace,
     } = request;
-    let shm = server.shared_memory(caller);
+    let shm = server.shared_memory(principal);
     let regions: &dyn RegionReader = match shm {
         Some(shm) => shm,
         None => &NoSharedMemory,
@@ -123,7 +123,7 @@ pub async fn client_infer(
     let in_shared_memory: Vec<(String, SharedMemoryRef)> =
         crate::api::requested_outputs(&request.outputs);
     let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
-    let mut cx = CallContext::root_for(caller.tenant());
+    let mut cx = CallContext::root_for(principal.tenant());
     let request_id = cx.request_id;
     cx.span = trace.request_span(model, request_id);
     let response = server

@@ -119,7 +119,8 @@ mod tests {
 
     #[test]
     fn only_private_entries_are_trusted() {
-        let dir = std::env::temp_dir().join(format!("tessera-cache-test-{}", std::process::id()));
+        let scratch = tempfile::tempdir().expect("a scratch folder");
+        let dir = scratch.path().join("cache");
         create_private_dir(&dir).expect("created");
         let mode = std::fs::metadata(&dir).expect("dir").permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
@@ -145,6 +146,5 @@ mod tests {
                     .contains("belongs to uid")
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

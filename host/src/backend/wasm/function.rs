@@ -134,7 +134,8 @@ impl WasmRuntime {
         allowed_hosts: Vec<String>,
         inference: Weak<dyn Inference>,
     ) -> Result<Arc<WasmFunction>, LoadError> {
-        super::check_component_binary(&format!("function '{name}'"), bytes)
+        let shown = crate::namespace::shown(name);
+        super::check_component_binary(&format!("function '{shown}'"), bytes)
             .map_err(LoadError::invalid)?;
         if limits.sandbox.max_memory_bytes as u64 > self.max_memory_bytes {
             return Err(LoadError::invalid(format!(
@@ -154,19 +155,19 @@ impl WasmRuntime {
             &self.engine,
             &component,
             INCOMING_HANDLER,
-            &format!("function '{name}' is not a wasi:http component"),
+            &format!("function '{shown}' is not a wasi:http component"),
         )?;
         let instance_pre = self
             .function_linker
             .instantiate_pre(&component)
             .map_err(|e| {
                 LoadError::invalid(format!(
-                    "function '{name}' does not fit the tessera:inference/function world: {e:#}"
+                    "function '{shown}' does not fit the tessera:inference/function world: {e:#}"
                 ))
             })?;
         let pre = ProxyPre::new(instance_pre).map_err(|e| {
             LoadError::invalid(format!(
-                "function '{name}' is not a wasi:http handler: {e:#}"
+                "function '{shown}' is not a wasi:http handler: {e:#}"
             ))
         })?;
         Ok(Arc::new(WasmFunction {
@@ -186,6 +187,11 @@ impl WasmRuntime {
 }
 
 impl WasmFunction {
+    /// The function's name as messages show it (its owner's name for it, not the key).
+    fn shown_name(&self) -> String {
+        crate::namespace::shown(&self.name).to_owned()
+    }
+
     /// Runs one invocation in a fresh instance. `path_and_query` is what the guest sees as the
     /// request's path (the part after `/v1/functions/<name>`).
     pub async fn invoke<B>(
@@ -221,7 +227,7 @@ impl WasmFunction {
             .running
             .clone()
             .try_acquire_owned()
-            .map_err(|_| InvokeError::Busy(self.name.clone(), self.limits.max_concurrency))?;
+            .map_err(|_| InvokeError::Busy(self.shown_name(), self.limits.max_concurrency))?;
         let max_request = self.limits.max_request_body_bytes;
         let declared = request
             .headers()
@@ -268,11 +274,7 @@ impl WasmFunction {
             .set_fuel(limits.fuel_per_execute)
             .map_err(|e| self.failed(format!("{e:#}")))?;
         store.data_mut().begin_execution(
-            vec![format!(
-                "{}{}",
-                crate::namespace::FUNCTION_CALLER,
-                self.name
-            )],
+            vec![crate::namespace::Caller::function_entry(&self.name)],
             limits.execute_deadline,
             cx.request_id,
             cx.tenant.clone(),
@@ -314,7 +316,7 @@ impl WasmFunction {
                         Err(_) => {
                             Counters::bump(&this.counters.deadline_kills);
                             Err(InvokeError::Timeout(
-                                this.name.clone(),
+                                this.shown_name(),
                                 this.limits.sandbox.execute_deadline.as_millis(),
                             ))
                         }
@@ -355,7 +357,7 @@ impl WasmFunction {
                     Counters::bump(&self.counters.deadline_kills);
                 }
                 Err(InvokeError::Timeout(
-                    self.name.clone(),
+                    self.shown_name(),
                     limits.execute_deadline.as_millis(),
                 ))
             }
@@ -364,7 +366,7 @@ impl WasmFunction {
 
     fn failed(&self, message: String) -> InvokeError {
         InvokeError::Failed {
-            name: self.name.clone(),
+            name: self.shown_name(),
             message,
         }
     }
@@ -374,7 +376,7 @@ impl WasmFunction {
         if host.limiter.memory_exceeded {
             Counters::bump(&self.counters.memory_kills);
             return InvokeError::Memory {
-                name: self.name.clone(),
+                name: self.shown_name(),
                 limit: self.limits.sandbox.max_memory_bytes,
             };
         }

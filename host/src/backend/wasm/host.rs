@@ -58,11 +58,12 @@ impl WasmModel {
         store
             .set_fuel(self.limits.fuel_per_execute)
             .map_err(|e| e.to_string())?;
-        let bindings = self
-            .pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|e| format!("cannot instantiate handler '{}': {e:#}", self.name))?;
+        let bindings = self.pre.instantiate_async(&mut store).await.map_err(|e| {
+            format!(
+                "cannot instantiate handler '{}': {e:#}",
+                crate::namespace::shown(&self.name)
+            )
+        })?;
         Ok((store, bindings))
     }
 
@@ -89,17 +90,17 @@ impl WasmModel {
             Ok(Ok(Ok(()))) => Ok(Live { store, bindings }),
             Ok(Ok(Err(message))) => Err(format!(
                 "handler '{}' initialize failed: {}",
-                self.name,
+                crate::namespace::shown(&self.name),
                 truncate_chars(&message, MAX_INIT_ERROR_CHARS)
             )),
             Ok(Err(trap)) => Err(format!(
                 "handler '{}' trapped in initialize: {}",
-                self.name,
+                crate::namespace::shown(&self.name),
                 trap_cause(&trap)
             )),
             Err(_) => Err(format!(
                 "handler '{}' initialize exceeded its deadline",
-                self.name
+                crate::namespace::shown(&self.name)
             )),
         }
     }
@@ -107,7 +108,7 @@ impl WasmModel {
     /// Turns a trap into the error its requests get, counting the kind of kill.
     pub fn describe_trap(&self, trap: &wasmtime::Error, host: &HostState) -> InferError {
         Counters::bump(&self.counters.traps);
-        let name = &self.name;
+        let name = crate::namespace::shown(&self.name);
         if host.limiter.memory_exceeded {
             Counters::bump(&self.counters.memory_kills);
             return InferError::new(

@@ -428,7 +428,7 @@ impl WasmInstance {
                 if results.len() != n {
                     let e = InferError::internal(format!(
                         "handler '{}' returned {} responses for {n} requests",
-                        self.pre.name,
+                        crate::namespace::shown(&self.pre.name),
                         results.len()
                     ));
                     return fail_all(e, timing(Instant::now()));
@@ -461,7 +461,7 @@ impl WasmInstance {
                     ErrorKind::Timeout,
                     format!(
                         "handler '{}' exceeded its execution deadline of {} ms and was stopped",
-                        self.pre.name,
+                        crate::namespace::shown(&self.pre.name),
                         limits.execute_deadline.as_millis()
                     ),
                 );
