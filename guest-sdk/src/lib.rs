@@ -18,7 +18,10 @@
 //!   status code the client sees;
 //! - [`infer`] and [`model_metadata`] to call other models of the same server (business logic
 //!   scripting), with [`Request::builder`];
-//! - [`log`], the host's log.
+//! - [`log`], the host's log;
+//! - [`DecoupledModel`] and [`export_decoupled_model!`] for decoupled models, which answer a
+//!   request with any number of responses through a [`ResponseSender`] (Triton's
+//!   `model_transaction_policy { decoupled: true }`); see the `repeat` example.
 //!
 //! ## Building
 //!
@@ -66,6 +69,7 @@
 
 mod config;
 mod convert;
+mod decoupled;
 mod error;
 mod infer;
 pub mod log;
@@ -75,6 +79,7 @@ mod tensor;
 pub mod testing;
 
 pub use config::ModelConfig;
+pub use decoupled::{DecoupledModel, ResponseSender, Resume, SendError};
 pub use error::{Error, ErrorKind, ResultExt};
 pub use infer::{ModelMetadata, TensorMetadata, infer, model_metadata};
 pub use request::{Parameter, ParameterValue, Request, RequestBuilder, Response};
@@ -94,6 +99,29 @@ pub mod bindings {
         default_bindings_module: "tessera_guest::bindings",
     });
 }
+
+/// The raw bindings of the `decoupled-model` world: its `streaming` import and the
+/// `decoupled-handler` export; the interfaces it shares with the `model` world are those above.
+#[doc(hidden)]
+#[allow(missing_docs, clippy::all)]
+pub mod bindings_decoupled {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "decoupled-model",
+        pub_export_macro: true,
+        export_macro_name: "__export_decoupled_model_world",
+        default_bindings_module: "tessera_guest::bindings_decoupled",
+        with: {
+            "tessera:inference/types@0.1.0": crate::bindings::tessera::inference::types,
+            "tessera:inference/inference@0.1.0": crate::bindings::tessera::inference::inference,
+            "tessera:inference/log@0.1.0": crate::bindings::tessera::inference::log,
+        },
+    });
+}
+
+/// What [`export_decoupled_model!`] expands to; not part of the API.
+#[doc(hidden)]
+pub use decoupled::private as __private_decoupled;
 
 /// The most used items, for `use tessera_guest::prelude::*;`.
 pub mod prelude {
@@ -319,7 +347,7 @@ pub mod __private {
     }
 
     /// Sends panic messages to the host's log before the instance aborts.
-    fn install_panic_hook() {
+    pub fn install_panic_hook() {
         static INSTALLED: std::sync::Once = std::sync::Once::new();
         INSTALLED.call_once(|| {
             let previous = std::panic::take_hook();

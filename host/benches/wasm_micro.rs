@@ -61,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         let mut execute = Vec::with_capacity(n_exec);
         for i in 0..warm + n_exec {
             let batch = vec![Call {
+                stream: None,
                 cx: CallContext::root(),
                 request: request.clone(),
             }];

@@ -31,4 +31,4 @@ pub mod tenants;
 pub mod warmup;
 
 // The bottom layer lives in `tessera-core`; these keep its modules at their familiar paths.
-pub use tessera_core::{config, infer, namespace, signature, tensor};
+pub use tessera_core::{config, infer, namespace, signature, stream, tensor};

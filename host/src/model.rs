@@ -11,6 +11,7 @@ use crate::infer::{CallContext, InferError, InferRequest, InferResult, Requested
 use crate::metrics::ModelStats;
 use crate::scheduler::Scheduler;
 use crate::signature::Signature;
+use crate::stream::ResponseStream;
 use crate::tensor::{DataType, Tensor, TensorData};
 
 /// One READY version of a model.
@@ -58,8 +59,54 @@ impl ModelVersion {
         self.scheduler.pending_count()
     }
 
+    /// Whether the model answers a request with a stream of 0..N responses (Triton's
+    /// `model_transaction_policy { decoupled: true }`).
+    pub fn decoupled(&self) -> bool {
+        self.config
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled)
+    }
+
+    /// Runs one request through this version's queue and reads its responses as a stream:
+    /// those a decoupled model sends, or the one result of any other model.
+    pub async fn infer_stream(
+        self: &Arc<Self>,
+        cx: CallContext,
+        mut request: InferRequest,
+    ) -> Result<ResponseStream, InferError> {
+        if !self.decoupled() {
+            return Ok(ResponseStream::single(self.infer(cx, request).await));
+        }
+        let arrived = Instant::now();
+        let mut seen = std::collections::HashSet::new();
+        request.outputs.retain(|o| seen.insert(o.name.clone()));
+        self.validate(&request)?;
+        let requested = request.outputs.clone();
+        let id = request.id.clone();
+        let counted = !cx.warmup;
+        let stream = self.scheduler.submit_stream(cx, request)?;
+        let me = self.clone();
+        let finish =
+            move |response: crate::infer::InferResponse| me.finish(response, &requested, &id);
+        let record = counted.then(|| StreamRecord {
+            stats: self.stats.clone(),
+            arrived,
+        });
+        Ok(stream.map(Arc::new(finish)).hold(record))
+    }
+
     /// Runs one request through this version's queue. Warmup requests are not counted.
     pub async fn infer(&self, cx: CallContext, request: InferRequest) -> InferResult {
+        if self.decoupled() {
+            return Err(InferError::new(
+                crate::infer::ErrorKind::Unsupported,
+                format!(
+                    "model '{}' is decoupled (it answers with a stream of responses): this call doesn't support models with decoupled transaction policy; use gRPC ModelStreamInfer or POST /v2/models/{{name}}/generate_stream",
+                    crate::namespace::shown(&self.name)
+                ),
+            ));
+        }
         let arrived = Instant::now();
         let (warmup, request_id) = (cx.warmup, cx.request_id);
         let result = self.run(cx, request).await;
@@ -85,13 +132,22 @@ impl ModelVersion {
         self.validate(&request)?;
         let requested = request.outputs.clone();
         let id = request.id.clone();
-        let mut response = self.scheduler.submit(cx, request).await?;
+        let response = self.scheduler.submit(cx, request).await?;
+        self.finish(response, &requested, &id)
+    }
+
+    /// A response as the caller gets it: outputs checked and selected, named and versioned.
+    fn finish(
+        &self,
+        mut response: crate::infer::InferResponse,
+        requested: &[RequestedOutput],
+        id: &str,
+    ) -> InferResult {
         self.check_outputs(&response.outputs)?;
-        response.outputs =
-            self.select_outputs(std::mem::take(&mut response.outputs), &requested)?;
+        response.outputs = self.select_outputs(std::mem::take(&mut response.outputs), requested)?;
         response.model_name = crate::namespace::shown(&self.name).to_owned();
         response.model_version = self.version.to_string();
-        response.id = id;
+        response.id = id.to_owned();
         Ok(response)
     }
 
@@ -305,6 +361,19 @@ pub fn classify(
         shape,
         TensorData::Elements(elements),
     ))
+}
+
+/// Counts a streamed request in the model's statistics when its stream ends (read to the end or
+/// dropped by its caller), with the time from arrival to then.
+struct StreamRecord {
+    stats: Arc<ModelStats>,
+    arrived: Instant,
+}
+
+impl Drop for StreamRecord {
+    fn drop(&mut self) {
+        self.stats.record_request(true, self.arrived.elapsed());
+    }
 }
 
 #[cfg(test)]

@@ -1267,7 +1267,7 @@ fn prepare(
             Err(e) => return fail(entry, e.to_string()),
         }
     }
-    if let Some(reason) = config::unsupported_settings(&config) {
+    if let Some(reason) = config::unsupported_settings(&config, kind == BackendKind::Wasm) {
         return fail(entry, reason);
     }
     for ignored in config::ignored_settings(&config) {

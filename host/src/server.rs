@@ -28,7 +28,8 @@ use crate::repository::{
 use crate::scheduler::rate_limit::RateLimiter;
 use crate::signature::ModelMetadata;
 use crate::store::{Store, check_model_name, check_relative_path};
-use crate::tenants::{AdminKey, Principal, Tenants};
+use crate::stream::ResponseStream;
+use crate::tenants::{AdminKey, Admitted, Principal, Tenants};
 
 /// Triton's `--model-control-mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -141,7 +142,7 @@ pub struct Server {
     /// BLS calls in flight, to refuse calls that would deadlock across requests.
     waits: WaitGraph,
     /// Admission control: one permit per client request in flight (`--max-inflight-requests`).
-    inflight: tokio::sync::Semaphore,
+    inflight: Arc<tokio::sync::Semaphore>,
     functions: crate::functions::Functions,
     /// Who may call, in which namespace, within which quotas.
     tenants: Arc<Tenants>,
@@ -240,7 +241,9 @@ impl Server {
                     &options.load,
                     tenants.clone(),
                 ),
-                inflight: tokio::sync::Semaphore::new(options.limits.max_inflight_requests),
+                inflight: Arc::new(tokio::sync::Semaphore::new(
+                    options.limits.max_inflight_requests,
+                )),
                 options,
                 wasm,
                 waits: WaitGraph::default(),
@@ -363,6 +366,64 @@ impl Server {
         version: Option<i64>,
         mut request: InferRequest,
     ) -> InferResult {
+        let admission = self.admit(&cx, model, version, &mut request)?;
+        let result = admission.target.infer(cx, request).await;
+        if let Some(admitted) = admission.tenant {
+            admitted.finish(result.is_ok());
+        }
+        result
+    }
+
+    /// Runs `request` on `model` and reads its responses as a stream: every response of a
+    /// decoupled model, the one result of any other. A client's request, through the same
+    /// resolution, admission and queue as [`Server::infer`]; it stays admitted until its
+    /// stream ends or is dropped (which cancels it).
+    pub async fn infer_stream(
+        &self,
+        mut cx: CallContext,
+        model: &str,
+        version: Option<i64>,
+        mut request: InferRequest,
+    ) -> Result<ResponseStream, InferError> {
+        let hop = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            parent: &cx.span,
+            "infer",
+            model,
+            version = version.unwrap_or(-1),
+            streamed = true,
+            request_id = cx.request_id,
+        );
+        cx.span = hop;
+        let Admission {
+            target,
+            inflight,
+            tenant,
+            waiting,
+        } = self.admit(&cx, model, version, &mut request)?;
+        // Client requests only: a handler's call reads one response (see Inference::infer).
+        drop(waiting);
+        match target.infer_stream(cx, request).await {
+            Ok(stream) => Ok(stream.hold(inflight).hold(tenant.map(Admitted::started))),
+            Err(e) => {
+                if let Some(admitted) = tenant {
+                    admitted.finish(false);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The checks every request passes before it is queued: the name resolves in the caller's
+    /// namespace, no BLS cycle or excess depth, the server's and the tenant's admission, a
+    /// READY version. What it returns is held while the request runs.
+    fn admit(
+        &self,
+        cx: &CallContext,
+        model: &str,
+        version: Option<i64>,
+        request: &mut InferRequest,
+    ) -> Result<Admission<'_>, InferError> {
         let key = self.resolve(cx.namespace(), model)?;
         let model = key.as_str();
         if cx.call_chain.iter().any(|caller| caller == model) {
@@ -387,8 +448,8 @@ impl Server {
         }
         // Client requests are admitted here; the calls they make inside are part of them.
         let client_request = cx.call_chain.is_empty() && !cx.warmup;
-        let _admitted = if client_request {
-            Some(self.inflight.try_acquire().map_err(|_| {
+        let inflight = if client_request {
+            Some(self.inflight.clone().try_acquire_owned().map_err(|_| {
                 InferError::unavailable(format!(
                     "the server has {} requests in flight, its limit (--max-inflight-requests); retry later",
                     self.options.limits.max_inflight_requests
@@ -408,7 +469,7 @@ impl Server {
             _ => None,
         };
         let target = self.repository.ready_model(model, version)?;
-        let _waiting = match cx.caller() {
+        let waiting = match cx.caller() {
             Some(caller) => Some(self.waits.enter(caller, model).map_err(|cycle| {
                 InferError::new(
                     ErrorKind::ResourceExhausted,
@@ -421,11 +482,12 @@ impl Server {
             })?),
             None => None,
         };
-        let result = target.infer(cx, request).await;
-        if let Some(admitted) = tenant {
-            admitted.finish(result.is_ok());
-        }
-        result
+        Ok(Admission {
+            target,
+            inflight,
+            tenant,
+            waiting,
+        })
     }
 
     /// The tenant a request was authenticated as, if it is still registered.
@@ -1053,6 +1115,17 @@ impl Inference for Server {
     ) -> Result<ModelMetadata, InferError> {
         self.metadata_in(cx.namespace(), model, version)
     }
+}
+
+/// What an admitted request holds while it runs ([`Server::admit`]).
+struct Admission<'s> {
+    target: Arc<crate::model::ModelVersion>,
+    /// Its place under `--max-inflight-requests` (client requests).
+    inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its tenant's admission (a tenant's client requests).
+    tenant: Option<Admitted>,
+    /// Its edge in the wait graph (BLS calls).
+    waiting: Option<WaitEdge<'s>>,
 }
 
 /// Which models wait on which, across every BLS call in flight.

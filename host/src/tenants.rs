@@ -199,6 +199,13 @@ impl Admitted {
     pub fn finish(mut self, ok: bool) {
         self.ok = ok;
     }
+
+    /// Counts the request as a success when the admission drops (a stream that started: its
+    /// end is whenever its reader stops).
+    pub fn started(mut self) -> Admitted {
+        self.ok = true;
+        self
+    }
 }
 
 impl Drop for Admitted {

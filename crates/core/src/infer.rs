@@ -85,6 +85,9 @@ pub enum ErrorKind {
     Timeout,
     /// A failure inside the server or a backend (including a trapped guest).
     Internal,
+    /// The request asks for what this endpoint or model does not do (one response from a
+    /// decoupled model).
+    Unsupported,
 }
 
 /// The longest error message a client is sent, on every protocol. Messages quote what the client
@@ -267,6 +270,9 @@ impl CallContext {
 pub struct Call {
     pub cx: CallContext,
     pub request: InferRequest,
+    /// Where a decoupled model sends this request's responses (None: the model answers with
+    /// the one result its instance returns).
+    pub stream: Option<crate::stream::ResponseSender>,
 }
 
 /// A boxed future, as trait objects return them.

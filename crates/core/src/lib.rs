@@ -9,9 +9,11 @@
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
 //! - [`grpc`]: Triton's gRPC messages and their codec.
 //! - [`namespace`]: how a tenant's names become the keys the server keeps models under.
+//! - [`stream`]: the bounded channel a decoupled model answers through, 0..N responses.
 //!
-//! Everything here is pure (no I/O beyond reading a config file, no async), so the decoders can be
-//! fuzzed and property-tested without building the server.
+//! Everything here is pure (no I/O beyond reading a config file; the one async piece is the
+//! stream's channel), so the decoders can be fuzzed and property-tested without building the
+//! server.
 
 pub mod config;
 pub mod grpc;
@@ -19,4 +21,5 @@ pub mod infer;
 pub mod kserve;
 pub mod namespace;
 pub mod signature;
+pub mod stream;
 pub mod tensor;

@@ -41,6 +41,19 @@ pub trait ModelInstance: Send + 'static {
     fn executes_in_task(&self) -> bool {
         false
     }
+
+    /// Whether the instance still works on requests of earlier batches: a decoupled handler
+    /// with streams it has not finished. The scheduler then calls [`ModelInstance::resume`]
+    /// between batches until it has none, instead of handing the instance a batch and waiting.
+    fn has_open_work(&self) -> bool {
+        false
+    }
+
+    /// Lets the instance go on with its open work. Returns when it wants to go on again
+    /// (`None`: it has nothing more to do).
+    fn resume(&mut self) -> BoxFuture<'_, Option<std::time::Duration>> {
+        Box::pin(async { None })
+    }
 }
 
 /// A kind of backend: creates the instances of a model version.

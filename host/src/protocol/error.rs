@@ -49,6 +49,7 @@ pub fn status_of(kind: ErrorKind) -> (StatusCode, Code) {
         ErrorKind::InvalidArgument => (StatusCode::BAD_REQUEST, Code::InvalidArgument),
         ErrorKind::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, Code::ResourceExhausted),
         ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
+        ErrorKind::Unsupported => (StatusCode::BAD_REQUEST, Code::Unimplemented),
     }
 }
 

@@ -34,7 +34,7 @@ pub mod health_pb {
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 pub use tessera_core::grpc::{decode_request, encode_response};
 
-/// How many requests of one stream run at once; answers still go back in order.
+/// How many requests of one stream run at once.
 const STREAM_CONCURRENCY: usize = 64;
 
 /// The gRPC services, ready to add to a tonic server. `max_message` bounds a message in bytes
@@ -138,6 +138,94 @@ impl Grpc {
         .await?;
         let (response, placed) = (answer.response, answer.placed);
         encode_response(response, &placed)
+    }
+}
+
+impl Grpc {
+    /// Runs one request of a `ModelStreamInfer` stream: the stream messages that answer it.
+    async fn stream_infer(
+        &self,
+        principal: &Principal,
+        trace: crate::protocol::TraceContext,
+        message: pb::ModelInferRequest,
+    ) -> impl Stream<Item = pb::ModelStreamInferResponse> + Send + use<> {
+        let id = message.id.clone();
+        let failed = |id: String, e: &InferError| pb::ModelStreamInferResponse {
+            error_message: tessera_core::infer::bounded(
+                &e.message,
+                tessera_core::infer::MAX_ERROR_MESSAGE_BYTES,
+            )
+            .into_owned(),
+            // The request id, so the client can tell which request failed.
+            infer_response: Some(pb::ModelInferResponse {
+                id,
+                ..Default::default()
+            }),
+        };
+        let started = async {
+            let model = message.model_name.clone();
+            let version = parse_version(&message.model_version)?;
+            let decode = |regions: &dyn RegionReader| decode_request(message, regions);
+            let request = crate::protocol::ClientRequest {
+                model: &model,
+                version,
+                trace,
+            };
+            crate::protocol::client_infer_stream(
+                &self.server,
+                principal,
+                request,
+                self.verbose_errors,
+                decode,
+            )
+            .await
+        };
+        let client = match started.await {
+            Ok(client) => client,
+            Err(e) => return futures::stream::iter([failed(id, &e)]).left_stream(),
+        };
+        let empty_final = matches!(
+            client.parameters.get("triton_enable_empty_final_response"),
+            Some(crate::infer::ParamValue::Bool(true))
+        );
+        let (verbose, request_id) = (self.verbose_errors, client.request_id);
+        futures::stream::unfold(client.stream, |mut stream| async move {
+            let message = stream.next().await?;
+            Some((message, stream))
+        })
+        .filter_map(move |message| {
+            let id = id.clone();
+            let last = message.last;
+            let answer = match message.result {
+                Some(Ok(response)) => match encode_response(response, &[]) {
+                    Ok(response) => Some(final_marked(response, last)),
+                    Err(e) => Some(failed(id, &e)),
+                },
+                Some(Err(e)) => Some(failed(id, &e.for_client(verbose, request_id))),
+                None if empty_final => Some(final_marked(
+                    pb::ModelInferResponse {
+                        id,
+                        ..Default::default()
+                    },
+                    true,
+                )),
+                None => None,
+            };
+            async move { answer }
+        })
+        .right_stream()
+    }
+}
+
+/// A stream message with Triton's `triton_final_response` parameter.
+fn final_marked(mut response: pb::ModelInferResponse, last: bool) -> pb::ModelStreamInferResponse {
+    response.parameters.insert(
+        "triton_final_response".to_owned(),
+        tessera_core::grpc::to_pb_parameter(&crate::infer::ParamValue::Bool(last)),
+    );
+    pb::ModelStreamInferResponse {
+        error_message: String::new(),
+        infer_response: Some(response),
     }
 }
 
@@ -263,9 +351,12 @@ impl GrpcInferenceService for Grpc {
 
     type ModelStreamInferStream = ResponseStream;
 
-    /// Each request of the stream is answered in order; a failed one answers with its error
-    /// in `error_message` and the stream goes on, as in Triton. Up to [`STREAM_CONCURRENCY`]
-    /// requests of a stream run at once.
+    /// Up to [`STREAM_CONCURRENCY`] requests of a stream run at once. Each is answered by every
+    /// response its model sends (one, unless the model is decoupled), each marked with
+    /// Triton's `triton_final_response`; a decoupled model's final response without outputs is
+    /// sent only when the request sets `triton_enable_empty_final_response`. A failed request
+    /// answers with its error in `error_message` and the stream goes on, as in Triton.
+    /// Cancelling the RPC drops the streams of its requests, which cancels them.
     async fn model_stream_infer(
         &self,
         request: Request<Streaming<pb::ModelInferRequest>>,
@@ -273,39 +364,25 @@ impl GrpcInferenceService for Grpc {
         let principal = self.principal(&request)?;
         // Each request of the stream is its own trace, under the stream's trace context.
         let trace = trace_context(&request);
-        let this = Grpc {
+        let this = Arc::new(Grpc {
             server: self.server.clone(),
             verbose_errors: self.verbose_errors,
-        };
-        let this = Arc::new(this);
+        });
         let answers = request
             .into_inner()
             .map(move |message| {
                 let (this, principal, trace) = (this.clone(), principal.clone(), trace.clone());
                 async move {
                     let message = message?;
-                    let id = message.id.clone();
-                    Ok(match this.infer(&principal, trace, message).await {
-                        Ok(response) => pb::ModelStreamInferResponse {
-                            error_message: String::new(),
-                            infer_response: Some(response),
-                        },
-                        Err(e) => pb::ModelStreamInferResponse {
-                            error_message: tessera_core::infer::bounded(
-                                &e.message,
-                                tessera_core::infer::MAX_ERROR_MESSAGE_BYTES,
-                            )
-                            .into_owned(),
-                            // The request id, so the client can tell which request failed.
-                            infer_response: Some(pb::ModelInferResponse {
-                                id,
-                                ..Default::default()
-                            }),
-                        },
-                    })
+                    Ok::<_, Status>(this.stream_infer(&principal, trace, message).await)
                 }
             })
-            .buffered(STREAM_CONCURRENCY);
+            .buffered(STREAM_CONCURRENCY)
+            .map(|answers| match answers {
+                Ok(answers) => answers.map(Ok).boxed(),
+                Err(status) => futures::stream::once(async { Err(status) }).boxed(),
+            })
+            .flatten_unordered(STREAM_CONCURRENCY);
         Ok(Response::new(Box::pin(answers)))
     }
 

@@ -22,9 +22,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::backend::ModelInstance;
 use crate::infer::{Call, CallContext, InferError, InferRequest, InferResult};
 use crate::metrics::ModelStats;
+use crate::stream::ResponseStream;
 
 pub use policy::{BatchPolicy, QueuePolicy, TimeoutAction};
-use queue::{Pending, Queue};
+use queue::{Pending, Queue, Reply};
 use rate_limit::{RateLimiter, Share};
 
 /// An instance and its standing with the rate limiter.
@@ -67,6 +68,76 @@ impl Scheduler {
         Scheduler { queue, policy }
     }
 
+    /// Queues a request for a decoupled model: its responses come through the stream (a
+    /// queue timeout or a failure of the instance ends it with an error). Errors before it is
+    /// queued (the queue is full) come back at once.
+    pub fn submit_stream(
+        &self,
+        cx: CallContext,
+        request: InferRequest,
+    ) -> Result<ResponseStream, InferError> {
+        let (sender, stream) = crate::stream::channel();
+        let level = self.policy.level_of(request.priority);
+        let queue_policy = self.policy.queue_policy(level);
+        let now = Instant::now();
+        let deadline = queue_policy.deadline(now, request.timeout);
+        let claim = queue::Claim::default();
+        if let (Some(deadline), TimeoutAction::Reject) = (deadline, queue_policy.timeout_action) {
+            // Past the queue timeout and still queued: the batcher will skip it; end the stream.
+            let (claim, sender) = (claim.clone(), sender.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => {
+                        if claim.cancel() {
+                            sender.fail(queue::timeout_error());
+                        }
+                    }
+                    _ = sender.cancelled() => {}
+                }
+            });
+        }
+        let pending = self.pending(cx, request, level, Reply::Stream(sender.clone()), claim);
+        let mut pending = pending;
+        pending.call.stream = Some(sender);
+        self.queue
+            .push(level, pending, queue_policy.max_queue_size)?;
+        Ok(stream)
+    }
+
+    /// A queue entry for `request`.
+    fn pending(
+        &self,
+        cx: CallContext,
+        request: InferRequest,
+        level: usize,
+        reply: Reply,
+        claim: queue::Claim,
+    ) -> Pending {
+        let queue_policy = self.policy.queue_policy(level);
+        let now = Instant::now();
+        let queued = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            parent: &cx.span,
+            "queue",
+            priority_level = level
+        );
+        Pending {
+            queued,
+            claim,
+            rows: self.policy.rows_of(&request),
+            shape_key: self.policy.shape_key(&request),
+            deadline: queue_policy.deadline(now, request.timeout),
+            call: Call {
+                cx,
+                request,
+                stream: None,
+            },
+            reply,
+            enqueued: now,
+            timeout_action: queue_policy.timeout_action,
+        }
+    }
+
     /// Queues `request` and waits for its result.
     pub async fn submit(&self, cx: CallContext, request: InferRequest) -> InferResult {
         let level = self.policy.level_of(request.priority);
@@ -75,23 +146,7 @@ impl Scheduler {
         let deadline = queue_policy.deadline(now, request.timeout);
         let (reply, mut rx) = oneshot::channel();
         let claim = queue::Claim::default();
-        let queued = tracing::debug_span!(
-            target: crate::telemetry::TARGET,
-            parent: &cx.span,
-            "queue",
-            priority_level = level
-        );
-        let pending = Pending {
-            queued,
-            claim: claim.clone(),
-            rows: self.policy.rows_of(&request),
-            shape_key: self.policy.shape_key(&request),
-            call: Call { cx, request },
-            reply,
-            enqueued: now,
-            deadline,
-            timeout_action: queue_policy.timeout_action,
-        };
+        let pending = self.pending(cx, request, level, Reply::One(reply), claim.clone());
         self.queue
             .push(level, pending, queue_policy.max_queue_size)?;
         let closed = || InferError::internal("the model was unloaded before the request ran");
@@ -152,10 +207,13 @@ async fn batcher(
         let run = run_batch(
             instance,
             batch,
-            queue.clone(),
+            Shared {
+                queue: queue.clone(),
+                policy: policy.clone(),
+                stats: stats.clone(),
+                limiter: limiter.clone(),
+            },
             idle_tx.clone(),
-            stats.clone(),
-            limiter.clone(),
             ticket.map(|t| (t, ordering.clone())),
         );
         if in_place {
@@ -166,16 +224,87 @@ async fn batcher(
     }
 }
 
-/// Executes one batch on one instance, answers its callers and returns the instance.
+/// What a batch's run needs of its model version.
+#[derive(Clone)]
+struct Shared {
+    queue: Arc<Queue>,
+    policy: Arc<BatchPolicy>,
+    stats: Arc<ModelStats>,
+    limiter: Arc<RateLimiter>,
+}
+
+/// Executes one batch on one instance, answers its callers and returns the instance. An
+/// instance left with open streams (a decoupled handler) first serves them to their end.
 async fn run_batch(
     mut executor: Executor,
     batch: Vec<Pending>,
-    queue: Arc<Queue>,
+    shared: Shared,
     idle: mpsc::UnboundedSender<Executor>,
-    stats: Arc<ModelStats>,
-    limiter: Arc<RateLimiter>,
     ordering: Option<(u64, Arc<queue::Sequencer>)>,
 ) {
+    let answers = execute(&mut executor, batch, &shared).await;
+    if !executor.instance.has_open_work() {
+        // The instance goes back before the callers are answered: the next batch can start.
+        let _ = idle.send(executor);
+        answer(answers, ordering);
+        return;
+    }
+    answer(answers, ordering);
+    serve_open_work(&mut executor, &shared).await;
+    let _ = idle.send(executor);
+}
+
+/// Serves an instance's open streams to their end: between steps it takes the requests that
+/// have arrived (so new streams join the running ones, in-flight batching), and otherwise
+/// waits as long as the instance asked before resuming it.
+async fn serve_open_work(executor: &mut Executor, shared: &Shared) {
+    let mut wait = Some(std::time::Duration::ZERO);
+    while executor.instance.has_open_work() {
+        if let Some(batch) = shared.queue.try_batch(&shared.policy) {
+            let answers = execute(executor, batch, shared).await;
+            answer(answers, None);
+            wait = Some(std::time::Duration::ZERO);
+            continue;
+        }
+        let Some(after) = wait else {
+            break;
+        };
+        if !after.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(after) => {}
+                _ = shared.queue.arrival() => continue,
+            }
+        }
+        let permit = shared.limiter.acquire(&mut executor.share).await;
+        wait = executor.instance.resume().await;
+        drop(permit);
+    }
+}
+
+/// Hands the answers to their callers, in batch order when the model preserves ordering.
+fn answer(answers: Vec<queue::Answer>, ordering: Option<(u64, Arc<queue::Sequencer>)>) {
+    match ordering {
+        Some((ticket, sequencer)) => sequencer.release(ticket, answers),
+        None => {
+            for (reply, result) in answers {
+                reply.send(result);
+            }
+        }
+    }
+}
+
+/// Executes one batch on an instance: what each caller is to be answered.
+async fn execute(
+    executor: &mut Executor,
+    batch: Vec<Pending>,
+    shared: &Shared,
+) -> Vec<queue::Answer> {
+    let Shared {
+        queue,
+        stats,
+        limiter,
+        ..
+    } = shared;
     let permit = limiter.acquire(&mut executor.share).await;
     queue.started(batch.len());
     let started = Instant::now();
@@ -207,7 +336,6 @@ async fn run_batch(
     let executed = executor.instance.execute(calls).await;
     drop(executing);
     drop(permit);
-    let _ = idle.send(executor);
     if counted {
         stats.record_execution(rows, executed.timing);
     }
@@ -222,13 +350,5 @@ async fn run_batch(
             .map(|_| Err(InferError::internal(message.clone())))
             .collect();
     }
-    let answers: Vec<_> = waiters.into_iter().zip(results).collect();
-    match ordering {
-        Some((ticket, sequencer)) => sequencer.release(ticket, answers),
-        None => {
-            for (reply, result) in answers {
-                let _ = reply.send(result);
-            }
-        }
-    }
+    waiters.into_iter().zip(results).collect()
 }

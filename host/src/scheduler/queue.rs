@@ -13,6 +13,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::policy::{BatchPolicy, TimeoutAction};
 use crate::infer::{Call, ErrorKind, InferError, InferResult};
+use crate::stream::ResponseSender;
 
 /// Where a queued request stands; the batcher and a timed-out caller race to change it once.
 #[derive(Clone, Default)]
@@ -39,13 +40,42 @@ impl Claim {
     }
 }
 
+/// Where a request's answer goes.
+pub enum Reply {
+    /// A caller waiting for the one result.
+    One(oneshot::Sender<InferResult>),
+    /// The caller of a decoupled model, reading a stream. The model sends the responses itself
+    /// (the sender travels with the call); a result here ends the stream only when it is an
+    /// error (the request timed out in the queue, the instance failed or trapped).
+    Stream(ResponseSender),
+}
+
+impl Reply {
+    pub fn send(self, result: InferResult) {
+        match (self, result) {
+            (Reply::One(tx), result) => {
+                let _ = tx.send(result);
+            }
+            (Reply::Stream(sender), Err(error)) => sender.fail(error),
+            (Reply::Stream(_), Ok(_)) => {}
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Reply::One(tx) => tx.is_closed(),
+            Reply::Stream(sender) => sender.is_cancelled(),
+        }
+    }
+}
+
 /// A queued request and the caller waiting for it.
 pub struct Pending {
     pub claim: Claim,
     pub call: Call,
     /// Open while the request waits in the queue (a trace's `queue` span).
     pub queued: tracing::Span,
-    pub reply: oneshot::Sender<InferResult>,
+    pub reply: Reply,
     pub enqueued: Instant,
     pub deadline: Option<Instant>,
     pub timeout_action: TimeoutAction,
@@ -195,6 +225,31 @@ impl Queue {
         Some(batch)
     }
 
+    /// A batch of what is queued now, without waiting for more: how an instance with open
+    /// streams takes new requests between the steps of its streams (in-flight batching).
+    pub fn try_batch(&self, policy: &BatchPolicy) -> Option<Vec<Pending>> {
+        let mut state = self.lock();
+        let first = pop_live(&mut state)?;
+        let mut rows = first.rows;
+        let mut batch = vec![first];
+        if policy.dynamic.is_some() {
+            take_compatible(
+                &mut state,
+                &mut batch,
+                &mut rows,
+                policy.max_batch_size.max(1),
+            );
+        }
+        drop(state);
+        self.staged.fetch_add(batch.len(), Ordering::AcqRel);
+        Some(batch)
+    }
+
+    /// Waits until a request may have been queued (or the queue closed).
+    pub async fn arrival(&self) {
+        self.notify.notified().await;
+    }
+
     /// Adds compatible requests to `first` as the policy allows.
     async fn gather(&self, first: Pending, policy: &BatchPolicy) -> Vec<Pending> {
         let Some(dynamic) = &policy.dynamic else {
@@ -258,7 +313,7 @@ fn pop_live(state: &mut State) -> Option<Pending> {
             }
             if p.expired(now) {
                 if p.claim.cancel() {
-                    let _ = p.reply.send(Err(timeout_error()));
+                    p.reply.send(Err(timeout_error()));
                 }
                 continue;
             }
@@ -286,7 +341,7 @@ fn take_compatible(
                 if let Some(p) = level.pop_front()
                     && p.claim.cancel()
                 {
-                    let _ = p.reply.send(Err(timeout_error()));
+                    p.reply.send(Err(timeout_error()));
                 }
                 continue;
             }
@@ -305,7 +360,7 @@ fn take_compatible(
 }
 
 /// A caller and the answer for it.
-pub type Answer = (oneshot::Sender<InferResult>, InferResult);
+pub type Answer = (Reply, InferResult);
 
 /// Releases answers in the order their batches were formed (`preserve_ordering`).
 #[derive(Default)]
@@ -327,7 +382,7 @@ impl Sequencer {
             };
             state.0 = next;
             for (reply, result) in ready {
-                let _ = reply.send(result);
+                reply.send(result);
             }
         }
     }

@@ -294,8 +294,10 @@ pub fn ignored_settings(config: &ModelConfig) -> Vec<&'static str> {
 
 /// Why the model cannot be served yet, if it asks for a feature tessera does not have: serving
 /// it anyway would answer wrongly (no sequence state, one response where many are due, missing
-/// batch inputs), so the model is refused at load with this reason instead.
-pub fn unsupported_settings(config: &ModelConfig) -> Option<String> {
+/// batch inputs), so the model is refused at load with this reason instead. `streams` says
+/// whether the model's backend can answer with a stream (Wasm handlers of the
+/// `decoupled-model` world can; ONNX models and ensembles cannot).
+pub fn unsupported_settings(config: &ModelConfig, streams: bool) -> Option<String> {
     let mut unsupported = Vec::new();
     if matches!(
         config.scheduling_choice,
@@ -305,13 +307,14 @@ pub fn unsupported_settings(config: &ModelConfig) -> Option<String> {
             "sequence_batching (stateful models: tessera does not yet keep sequence state or supply the START/END/READY/CORRID control inputs)",
         );
     }
-    if config
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled)
+    if !streams
+        && config
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled)
     {
         unsupported.push(
-            "model_transaction_policy { decoupled: true } (tessera does not yet send more or fewer than one response per request)",
+            "model_transaction_policy { decoupled: true } for this backend (only Wasm handlers of the decoupled-model world answer with a stream of responses)",
         );
     }
     if !config.batch_input.is_empty() || !config.batch_output.is_empty() {

@@ -234,7 +234,8 @@ pub fn error_to_wit(e: InferError) -> wit::Error {
     let kind = match e.kind {
         ErrorKind::NotFound => wit::ErrorKind::ModelNotFound,
         ErrorKind::Unavailable => wit::ErrorKind::ModelNotReady,
-        ErrorKind::InvalidArgument => wit::ErrorKind::InvalidInput,
+        // A unary call on a decoupled model: the call, not the data, is wrong.
+        ErrorKind::InvalidArgument | ErrorKind::Unsupported => wit::ErrorKind::InvalidInput,
         ErrorKind::ResourceExhausted => wit::ErrorKind::QuotaExceeded,
         ErrorKind::Timeout => wit::ErrorKind::Timeout,
         ErrorKind::Internal => wit::ErrorKind::Internal,

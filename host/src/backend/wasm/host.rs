@@ -4,9 +4,10 @@
 //! server's log). A function's guest also gets `wasi:http`, whose outgoing requests go only to the
 //! hosts its manifest allows.
 
+use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
@@ -19,12 +20,13 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpVi
 
 use super::limits::{Counters, InstanceTracker, Limits, LogRate, StoreLimiter};
 use super::tessera::inference::{inference, log, types};
-use super::{Live, ModelPre, convert};
+use super::{Bindings, Live, Pre, convert};
 use crate::infer::{CallContext, ErrorKind, InferError, Inference};
+use crate::stream::ResponseSender;
 
 /// Per model version: everything needed to create instances.
 pub struct WasmModel {
-    pub pre: ModelPre<HostState>,
+    pub pre: Pre,
     pub engine: Engine,
     pub limits: Limits,
     pub name: String,
@@ -47,7 +49,7 @@ const MAX_INIT_ERROR_CHARS: usize = 4096;
 impl WasmModel {
     /// A fresh store with the component instantiated from the `InstancePre`; no guest code has
     /// run yet.
-    pub async fn instantiate_bare(&self) -> Result<(Store<HostState>, super::Model), String> {
+    pub async fn instantiate_bare(&self) -> Result<(Store<HostState>, Bindings), String> {
         let state = HostState::new(self);
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -58,7 +60,14 @@ impl WasmModel {
         store
             .set_fuel(self.limits.fuel_per_execute)
             .map_err(|e| e.to_string())?;
-        let bindings = self.pre.instantiate_async(&mut store).await.map_err(|e| {
+        let instantiated = match &self.pre {
+            Pre::Unary(pre) => pre.instantiate_async(&mut store).await.map(Bindings::Unary),
+            Pre::Decoupled(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Bindings::Decoupled),
+        };
+        let bindings = instantiated.map_err(|e| {
             format!(
                 "cannot instantiate handler '{}': {e:#}",
                 crate::namespace::shown(&self.name)
@@ -80,9 +89,7 @@ impl WasmModel {
             None,
             tracing::Span::none(),
         );
-        let init = bindings
-            .tessera_inference_handler()
-            .call_initialize(&mut store, &self.config_json);
+        let init = bindings.initialize(&mut store, &self.config_json);
         let outcome = tokio::time::timeout(self.limits.execute_deadline, init).await;
         store.data_mut().flush_output(&self.name, self.version);
         store.data_mut().end_execution();
@@ -238,6 +245,47 @@ impl AsyncWrite for OutputSink {
     }
 }
 
+/// The response senders a decoupled handler holds (see `decoupled`).
+pub struct Streams {
+    /// The senders the guest holds, by resource index; removed when it drops them.
+    open: HashMap<u32, ResponseSender>,
+    /// Nanoseconds sends spent waiting for readers (not charged to the execution deadline).
+    pub blocked: Arc<AtomicU64>,
+    pub(super) max_output_bytes: usize,
+}
+
+impl Streams {
+    pub fn new(max_output_bytes: usize) -> Streams {
+        Streams {
+            open: HashMap::new(),
+            blocked: Arc::default(),
+            max_output_bytes,
+        }
+    }
+
+    /// The guest holds `sender` as resource `rep`.
+    pub(super) fn hold(&mut self, rep: u32, sender: ResponseSender) {
+        self.open.insert(rep, sender);
+    }
+
+    /// The guest dropped resource `rep`.
+    pub(super) fn release(&mut self, rep: u32) {
+        self.open.remove(&rep);
+    }
+
+    /// Whether a sender the guest holds has not sent its final response.
+    pub fn any_open(&self) -> bool {
+        self.open.values().any(|s| !s.is_finished())
+    }
+
+    /// Ends every stream still open with `error` (the guest trapped, or has nothing more to do).
+    pub fn fail_open(&mut self, error: &InferError) {
+        for sender in self.open.values() {
+            sender.fail(error.clone());
+        }
+    }
+}
+
 /// The state of one guest's store.
 pub struct HostState {
     wasi: WasiCtx,
@@ -270,6 +318,8 @@ pub struct HostState {
     /// `wasi:http` state (used by functions only: a model's linker has no `wasi:http`).
     http: WasiHttpCtx,
     outgoing: OutgoingPolicy,
+    /// The response senders a decoupled handler holds.
+    pub streams: Streams,
 }
 
 /// Who a store belongs to, and what it may do: a model version's handler or a function.
@@ -345,7 +395,18 @@ impl HostState {
             outgoing: OutgoingPolicy {
                 allowed_hosts: guest.allowed_hosts.clone(),
             },
+            streams: Streams::new(limits.max_output_bytes),
         }
+    }
+
+    /// The guest's resource table (its response senders live there).
+    pub(super) fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+
+    /// The key of the model or function this store belongs to.
+    pub(super) fn model(&self) -> &str {
+        &self.model
     }
 
     /// Prepares for one `execute`.

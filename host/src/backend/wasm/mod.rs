@@ -14,6 +14,7 @@
 
 mod cache;
 mod convert;
+mod decoupled;
 mod function;
 mod host;
 mod limits;
@@ -94,6 +95,11 @@ impl WasmRuntime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         Model::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)?;
+        // The one import a decoupled handler has beyond a handler's.
+        decoupled::bindings::tessera::inference::streaming::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)?;
         let mut function_linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut function_linker)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut function_linker)?;
@@ -212,25 +218,47 @@ fn prepare(
     check_component_binary(&component_path.display().to_string(), &bytes)
         .map_err(LoadError::invalid)?;
     let component = runtime.component(&bytes, name)?;
+    // A decoupled model's handler is of the decoupled-model world; every other of the model
+    // world. The configuration says which, and the component must agree.
+    let decoupled = config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled);
+    let (export, world) = if decoupled {
+        (decoupled::DECOUPLED_HANDLER_EXPORT, "decoupled-model")
+    } else {
+        (HANDLER_EXPORT, "model")
+    };
+    let hint = if decoupled {
+        " (the config sets model_transaction_policy { decoupled: true })"
+    } else {
+        ""
+    };
     check_export(
         &runtime.engine,
         &component,
-        HANDLER_EXPORT,
+        export,
         &format!(
-            "{} is not a component of the tessera:inference/model world",
+            "{} is not a component of the tessera:inference/{world} world{hint}",
             component_path.display()
         ),
     )?;
     let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
         LoadError::invalid(format!(
-            "{} does not fit the tessera:inference/model world: {e:#}",
+            "{} does not fit the tessera:inference/{world} world: {e:#}",
             component_path.display()
         ))
     })?;
+    let runtime_error = |e: wasmtime::Error| LoadError::runtime(format!("{e:#}"));
+    let pre = if decoupled {
+        Pre::Decoupled(decoupled::DecoupledModelPre::new(instance_pre).map_err(runtime_error)?)
+    } else {
+        Pre::Unary(ModelPre::new(instance_pre).map_err(runtime_error)?)
+    };
     let log_rate = Arc::new(limits::LogRate::new(limits.max_log_bytes_per_second));
     Ok(Arc::new(WasmModel {
         log_rate,
-        pre: ModelPre::new(instance_pre).map_err(|e| LoadError::runtime(format!("{e:#}")))?,
+        pre,
         engine: runtime.engine.clone(),
         limits,
         name: name.to_owned(),
@@ -330,10 +358,54 @@ impl Inference for NoInference {
     }
 }
 
+/// A model version's component, pre-instantiated: a handler, or a decoupled handler.
+pub enum Pre {
+    Unary(ModelPre<HostState>),
+    Decoupled(decoupled::DecoupledModelPre<HostState>),
+}
+
+/// The exports of one live guest.
+pub enum Bindings {
+    Unary(Model),
+    Decoupled(decoupled::DecoupledModel),
+}
+
+impl Bindings {
+    async fn initialize(
+        &self,
+        store: &mut Store<HostState>,
+        config_json: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
+        match self {
+            Bindings::Unary(b) => {
+                b.tessera_inference_handler()
+                    .call_initialize(store, config_json)
+                    .await
+            }
+            Bindings::Decoupled(b) => {
+                b.tessera_inference_decoupled_handler()
+                    .call_initialize(store, config_json)
+                    .await
+            }
+        }
+    }
+
+    async fn finalize(&self, store: &mut Store<HostState>) -> wasmtime::Result<()> {
+        match self {
+            Bindings::Unary(b) => b.tessera_inference_handler().call_finalize(store).await,
+            Bindings::Decoupled(b) => {
+                b.tessera_inference_decoupled_handler()
+                    .call_finalize(store)
+                    .await
+            }
+        }
+    }
+}
+
 /// One live guest: its store and bindings.
 pub struct Live {
     store: Store<HostState>,
-    bindings: Model,
+    bindings: Bindings,
 }
 
 /// One instance of a Wasm model version.
@@ -350,6 +422,16 @@ impl ModelInstance for WasmInstance {
 
     fn executes_in_task(&self) -> bool {
         true
+    }
+
+    fn has_open_work(&self) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|live| live.store.data().streams.any_open())
+    }
+
+    fn resume(&mut self) -> BoxFuture<'_, Option<Duration>> {
+        async move { self.resume_decoupled().await }.boxed()
     }
 }
 
@@ -388,10 +470,6 @@ impl WasmInstance {
             batch.first().map_or((0, None, tracing::Span::none()), |c| {
                 (c.cx.request_id, c.cx.tenant.clone(), c.cx.span.clone())
             });
-        let requests: Vec<_> = batch
-            .into_iter()
-            .map(|c| convert::request_to_wit(c.request))
-            .collect();
         live.store.data_mut().begin_execution(
             chain,
             self.pre.limits.execute_deadline,
@@ -407,9 +485,18 @@ impl WasmInstance {
                 ExecutionTiming::default(),
             );
         }
+        if matches!(live.bindings, Bindings::Decoupled(_)) {
+            return self.run_decoupled(live, batch, t0).await;
+        }
+        let requests: Vec<_> = batch
+            .into_iter()
+            .map(|c| convert::request_to_wit(c.request))
+            .collect();
         let t1 = Instant::now();
-        let call = live
-            .bindings
+        let Bindings::Unary(bindings) = &live.bindings else {
+            unreachable!("decoupled handlers returned above");
+        };
+        let call = bindings
             .tessera_inference_handler()
             .call_execute(&mut live.store, &requests);
         let outcome = tokio::time::timeout(limits.execute_deadline, call).await;
@@ -452,20 +539,155 @@ impl WasmInstance {
                 // The store may be corrupt: drop it; the next execution instantiates afresh.
                 fail_all(error, timing(Instant::now()))
             }
-            Err(_elapsed) => {
-                self.pre
-                    .counters
-                    .deadline_kills
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let error = InferError::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "handler '{}' exceeded its execution deadline of {} ms and was stopped",
-                        crate::namespace::shown(&self.pre.name),
-                        limits.execute_deadline.as_millis()
-                    ),
-                );
-                fail_all(error, timing(Instant::now()))
+            Err(_elapsed) => fail_all(self.deadline_error(), timing(Instant::now())),
+        }
+    }
+
+    /// The error of an execution stopped at its deadline, counted.
+    fn deadline_error(&self) -> InferError {
+        self.pre
+            .counters
+            .deadline_kills
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InferError::new(
+            ErrorKind::Timeout,
+            format!(
+                "handler '{}' exceeded its execution deadline of {} ms and was stopped",
+                crate::namespace::shown(&self.pre.name),
+                self.pre.limits.execute_deadline.as_millis()
+            ),
+        )
+    }
+
+    /// A decoupled handler's `execute`: each request goes with its response sender; what the
+    /// scheduler gets back per request is only whether the handler failed (the responses went
+    /// through the stream).
+    async fn run_decoupled(&mut self, mut live: Live, batch: Vec<Call>, t0: Instant) -> Executed {
+        let mut results = Vec::with_capacity(batch.len());
+        let mut requests = Vec::with_capacity(batch.len());
+        let mut senders = Vec::with_capacity(batch.len());
+        for call in batch {
+            match call.stream {
+                Some(sender) => {
+                    requests.push(convert::request_to_wit(call.request));
+                    senders.push(sender);
+                    results.push(Ok(crate::infer::InferResponse::default()));
+                }
+                // The request path sends only streamed calls here (ModelVersion::infer refuses).
+                None => results.push(Err(InferError::new(
+                    ErrorKind::Unsupported,
+                    "a decoupled model answers through a stream",
+                ))),
+            }
+        }
+        let fail_all = |results: &mut Vec<InferResult>, error: &InferError| {
+            for result in results.iter_mut() {
+                *result = Err(error.clone());
+            }
+        };
+        let host = live.store.data_mut();
+        let resources = match decoupled::senders_for(host, senders) {
+            Ok(resources) => resources,
+            Err(e) => {
+                // The guest's resource table is full (max_host_resources): these requests fail.
+                let error =
+                    InferError::internal(format!("cannot hand the handler its senders: {e}"));
+                fail_all(&mut results, &error);
+                self.live = Some(live);
+                return Executed {
+                    results,
+                    timing: ExecutionTiming::default(),
+                };
+            }
+        };
+        let pairs: Vec<_> = requests.into_iter().zip(resources).collect();
+        let blocked = host.streams.blocked.clone();
+        let t1 = Instant::now();
+        let Bindings::Decoupled(bindings) = &live.bindings else {
+            unreachable!("run_decoupled is called for decoupled handlers");
+        };
+        let call = bindings
+            .tessera_inference_decoupled_handler()
+            .call_execute(&mut live.store, &pairs);
+        let outcome =
+            decoupled::within_deadline(call, self.pre.limits.execute_deadline, &blocked).await;
+        let t2 = Instant::now();
+        let host = live.store.data_mut();
+        host.flush_output(&self.pre.name, self.pre.version);
+        match outcome {
+            Some(Ok(())) => {
+                host.end_execution();
+                self.live = Some(live);
+            }
+            Some(Err(trap)) => {
+                let error = self.pre.describe_trap(&trap, host);
+                host.streams.fail_open(&error);
+                fail_all(&mut results, &error);
+            }
+            None => {
+                let error = self.deadline_error();
+                live.store.data_mut().streams.fail_open(&error);
+                fail_all(&mut results, &error);
+            }
+        }
+        Executed {
+            results,
+            timing: ExecutionTiming {
+                input: t1 - t0,
+                infer: t2 - t1,
+                output: Instant::now() - t2,
+            },
+        }
+    }
+
+    /// A decoupled handler's `resume`: it goes on with the streams it holds.
+    async fn resume_decoupled(&mut self) -> Option<Duration> {
+        let mut live = self.live.take()?;
+        let limits = &self.pre.limits;
+        live.store.data_mut().begin_execution(
+            vec![self.pre.name.clone()],
+            limits.execute_deadline,
+            0,
+            None,
+            tracing::Span::none(),
+        );
+        live.store.set_epoch_deadline(1);
+        if live.store.set_fuel(limits.fuel_per_execute).is_err() {
+            self.live = Some(live);
+            return None;
+        }
+        let blocked = live.store.data().streams.blocked.clone();
+        let Bindings::Decoupled(bindings) = &live.bindings else {
+            self.live = Some(live);
+            return None;
+        };
+        let call = bindings
+            .tessera_inference_decoupled_handler()
+            .call_resume(&mut live.store);
+        let outcome = decoupled::within_deadline(call, limits.execute_deadline, &blocked).await;
+        let host = live.store.data_mut();
+        host.flush_output(&self.pre.name, self.pre.version);
+        match outcome {
+            Some(Ok(after)) => {
+                host.end_execution();
+                if after.is_none() && host.streams.any_open() {
+                    host.streams.fail_open(&InferError::internal(format!(
+                        "handler '{}' has nothing more to do but did not send the final response",
+                        crate::namespace::shown(&self.pre.name)
+                    )));
+                }
+                self.live = Some(live);
+                after.map(|ms| Duration::from_millis(u64::from(ms)))
+            }
+            Some(Err(trap)) => {
+                let error = self.pre.describe_trap(&trap, host);
+                host.streams.fail_open(&error);
+                None
+            }
+            None => {
+                let error = self.deadline_error();
+                live.store.data_mut().streams.fail_open(&error);
+                None
             }
         }
     }
@@ -507,10 +729,7 @@ impl Drop for WasmInstance {
                 handle.spawn(async move {
                     live.store.set_epoch_deadline(1);
                     let _ = live.store.set_fuel(u64::MAX);
-                    let call = live
-                        .bindings
-                        .tessera_inference_handler()
-                        .call_finalize(&mut live.store);
+                    let call = live.bindings.finalize(&mut live.store);
                     let _ = tokio::time::timeout(deadline, call).await;
                     live.store.data_mut().flush_output(&name, version);
                     drop(live);
