@@ -102,6 +102,16 @@ fn kserve_routes() -> Router<AppState> {
             get(model_stats),
         )
         .route("/v2/models/{model}/versions/{version}/infer", post(infer))
+        .route("/v2/models/{model}/generate", post(generate))
+        .route("/v2/models/{model}/generate_stream", post(generate_stream))
+        .route(
+            "/v2/models/{model}/versions/{version}/generate",
+            post(generate),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/generate_stream",
+            post(generate_stream),
+        )
         .route("/v2/systemsharedmemory/status", get(shm_status_all))
         .route(
             "/v2/systemsharedmemory/region/{region}/status",
@@ -828,6 +838,58 @@ async fn infer(
     body: Body,
 ) -> Response {
     run_infer(s, principal, target.model, target.version, headers, body).await
+}
+
+/// Triton's generate extension: one response, as JSON ([`super::generate`]).
+async fn generate(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    target: ModelRef,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = match start_generate(&s, &principal, &target, &headers, body).await {
+        Ok(started) => started,
+        Err(response) => return response,
+    };
+    super::generate::single(started)
+        .await
+        .map_or_else(|e| error_response(&e), json_ok)
+}
+
+/// Triton's generate extension: every response, as Server-Sent Events.
+async fn generate_stream(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    target: ModelRef,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match start_generate(&s, &principal, &target, &headers, body).await {
+        Ok(started) => super::generate::events(started).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn start_generate(
+    s: &AppState,
+    principal: &Principal,
+    target: &ModelRef,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<super::ClientStream, Response> {
+    let body = read_body(body, s.max_body, "--http-max-input-size").await?;
+    super::generate::start(
+        &s.server,
+        principal,
+        &target.model,
+        target.version,
+        &body,
+        super::TraceContext::from_headers(headers),
+        s.verbose_errors,
+    )
+    .await
+    .map_err(|e| error_response(&e))
 }
 
 async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Response> {

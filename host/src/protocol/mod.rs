@@ -6,10 +6,12 @@
 //! - [`kserve`]: the KServe v2 request/response bodies (JSON and the binary extension).
 //! - [`http`]: KServe v2 over HTTP/REST.
 //! - [`grpc`]: KServe v2 over gRPC.
+//! - [`generate`]: Triton's generate extension (`/generate`, `/generate_stream` with SSE).
 //! - [`error`]: the one error type both answer with.
 //! - [`listen`]: accepting and closing connections within bounds (timeouts, limits, drain).
 
 pub mod error;
+pub mod generate;
 pub mod grpc;
 pub mod http;
 pub mod listen;
@@ -22,6 +24,7 @@ use crate::api::Principal;
 use crate::api::Server;
 use crate::infer::{CallContext, InferError, InferRequest, InferResponse, ParamValue};
 use crate::infer::{RequestedOutput, SharedMemoryRef};
+use crate::stream::ResponseStream;
 use kserve::{NoSharedMemory, RegionReader};
 
 /// What a client asked to run, and the W3C trace context it sent.
@@ -123,9 +126,7 @@ pub async fn client_infer(
     let in_shared_memory: Vec<(String, SharedMemoryRef)> =
         crate::api::requested_outputs(&request.outputs);
     let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
-    let mut cx = CallContext::root_for(principal.tenant());
-    let request_id = cx.request_id;
-    cx.span = trace.request_span(model, request_id);
+    let (cx, request_id) = root_context(principal, &trace, model);
     let response = server
         .infer(cx, model, version, request)
         .await
@@ -136,5 +137,66 @@ pub async fn client_infer(
         placed,
         requested,
         parameters,
+    })
+}
+
+/// The context of a client's request: a root call of the principal, traced under the client's
+/// trace context.
+fn root_context(principal: &Principal, trace: &TraceContext, model: &str) -> (CallContext, u64) {
+    let mut cx = CallContext::root_for(principal.tenant());
+    let request_id = cx.request_id;
+    cx.span = trace.request_span(model, request_id);
+    (cx, request_id)
+}
+
+/// What a streaming front-end gets back from [`client_infer_stream`].
+pub struct ClientStream {
+    /// The responses: every one a decoupled model sends, or the one of any other model.
+    pub stream: ResponseStream,
+    /// The request's own parameters (gRPC's `triton_enable_empty_final_response`).
+    pub parameters: BTreeMap<String, ParamValue>,
+    /// What the request asked of its outputs (HTTP's binary flags).
+    pub requested: Vec<RequestedOutput>,
+    /// The request id, for errors' "details in the server log" note.
+    pub request_id: u64,
+}
+
+/// The streaming counterpart of [`client_infer`]: the same decoding and request path
+/// ([`Server::infer_stream`]), answered by a stream. Shared-memory inputs are read; outputs
+/// come back in the responses (a streamed response is never written to a region).
+pub async fn client_infer_stream(
+    server: &Server,
+    principal: &Principal,
+    request: ClientRequest<'_>,
+    verbose_errors: bool,
+    decode: impl FnOnce(&dyn RegionReader) -> Result<InferRequest, InferError>,
+) -> Result<ClientStream, InferError> {
+    let ClientRequest {
+        model,
+        version,
+        trace,
+    } = request;
+    let regions: &dyn RegionReader = match server.shared_memory(principal) {
+        Some(shm) => shm,
+        None => &NoSharedMemory,
+    };
+    let request = decode(regions)?;
+    if let Some(output) = request.outputs.iter().find(|o| o.shared_memory.is_some()) {
+        return Err(InferError::invalid(format!(
+            "output '{}' is asked in shared memory, which a streamed response does not use",
+            output.name
+        )));
+    }
+    let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
+    let (cx, request_id) = root_context(principal, &trace, model);
+    let stream = server
+        .infer_stream(cx, model, version, request)
+        .await
+        .map_err(|e| e.for_client(verbose_errors, request_id))?;
+    Ok(ClientStream {
+        stream,
+        parameters,
+        requested,
+        request_id,
     })
 }
