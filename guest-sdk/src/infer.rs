@@ -66,6 +66,82 @@ pub fn infer(model: &str, version: Option<i64>, request: Request) -> Result<Resp
     }
 }
 
+/// The responses of a streamed call ([`infer_stream`]), read as they come: an iterator of
+/// results that ends after the last response (an error ends it too). Dropping it cancels the
+/// call: the called model's next send fails.
+pub struct ResponseStream {
+    #[cfg(target_arch = "wasm32")]
+    stream: crate::bindings::tessera::inference::inference::ResponseStream,
+    #[cfg(not(target_arch = "wasm32"))]
+    responses: std::vec::IntoIter<Result<Response, Error>>,
+    ended: bool,
+}
+
+impl Iterator for ResponseStream {
+    type Item = Result<Response, Error>;
+
+    /// Waits for the next response.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
+        }
+        #[cfg(target_arch = "wasm32")]
+        let next = self
+            .stream
+            .next()
+            .map(|r| r.map(Into::into).map_err(Into::into));
+        #[cfg(not(target_arch = "wasm32"))]
+        let next = self.responses.next();
+        self.ended = !matches!(next, Some(Ok(_)));
+        next
+    }
+}
+
+/// Runs `model` on `request` through its queue, as [`infer`] does, and reads its responses as
+/// they come: every response of a decoupled model (Triton's `exec(decoupled=True)`), the one
+/// response of any other. [`infer`] on a decoupled model fails: a stream is the way to call it.
+///
+/// ```no_run
+/// use tessera_guest::{infer_stream, Request, Tensor};
+///
+/// let request = Request::builder()
+///     .input(Tensor::from_i32("IN", [3], &[1, 2, 3]))
+///     .input(Tensor::from_slice("DELAY", [3], &[0u32, 0, 0]))
+///     .input(Tensor::from_slice("WAIT", [1], &[0u32]))
+///     .build();
+/// for response in infer_stream("repeat_int32", None, request)? {
+///     let out = response?.output("OUT")?.as_i32()?.into_owned();
+/// }
+/// # Ok::<(), tessera_guest::Error>(())
+/// ```
+///
+/// Outside a Wasm component the one response of the function installed with
+/// [`testing::set_infer`](crate::testing::set_infer) makes the stream.
+pub fn infer_stream(
+    model: &str,
+    version: Option<i64>,
+    request: Request,
+) -> Result<ResponseStream, Error> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let request = request.into();
+        crate::bindings::tessera::inference::inference::infer_stream(model, version, &request)
+            .map(|stream| ResponseStream {
+                stream,
+                ended: false,
+            })
+            .map_err(Into::into)
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let response = crate::testing::call_infer(model, version, request);
+        Ok(ResponseStream {
+            responses: vec![response].into_iter(),
+            ended: false,
+        })
+    }
+}
+
 /// Looks up a model's metadata (`version` `None` = the latest ready version).
 ///
 /// Outside a Wasm component this fails with an `internal` error.

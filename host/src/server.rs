@@ -140,7 +140,7 @@ pub struct Server {
     repository: Repository,
     wasm: Arc<WasmRuntime>,
     /// BLS calls in flight, to refuse calls that would deadlock across requests.
-    waits: WaitGraph,
+    waits: Arc<WaitGraph>,
     /// Admission control: one permit per client request in flight (`--max-inflight-requests`).
     inflight: Arc<tokio::sync::Semaphore>,
     functions: crate::functions::Functions,
@@ -246,7 +246,7 @@ impl Server {
                 )),
                 options,
                 wasm,
-                waits: WaitGraph::default(),
+                waits: Arc::default(),
                 functions: crate::functions::Functions::new(function_store, tenants.clone()),
                 tenants,
                 shared_memory: crate::shm::SharedMemory::default(),
@@ -401,10 +401,13 @@ impl Server {
             tenant,
             waiting,
         } = self.admit(&cx, model, version, &mut request)?;
-        // Client requests only: a handler's call reads one response (see Inference::infer).
-        drop(waiting);
         match target.infer_stream(cx, request).await {
-            Ok(stream) => Ok(stream.hold(inflight).hold(tenant.map(Admitted::started))),
+            // What the request holds, it holds while its stream is read: a BLS call's wait
+            // edge too, so a cycle through a stream is seen as through any call.
+            Ok(stream) => Ok(stream
+                .hold(inflight)
+                .hold(tenant.map(Admitted::started))
+                .hold(waiting)),
             Err(e) => {
                 if let Some(admitted) = tenant {
                     admitted.finish(false);
@@ -423,7 +426,7 @@ impl Server {
         model: &str,
         version: Option<i64>,
         request: &mut InferRequest,
-    ) -> Result<Admission<'_>, InferError> {
+    ) -> Result<Admission, InferError> {
         let key = self.resolve(cx.namespace(), model)?;
         let model = key.as_str();
         if cx.call_chain.iter().any(|caller| caller == model) {
@@ -1107,6 +1110,16 @@ impl Inference for Server {
         Box::pin(Server::infer(self, cx, model, version, request))
     }
 
+    fn infer_stream<'a>(
+        &'a self,
+        cx: CallContext,
+        model: &'a str,
+        version: Option<i64>,
+        request: InferRequest,
+    ) -> BoxFuture<'a, Result<ResponseStream, InferError>> {
+        Box::pin(Server::infer_stream(self, cx, model, version, request))
+    }
+
     fn metadata(
         &self,
         cx: &CallContext,
@@ -1118,14 +1131,14 @@ impl Inference for Server {
 }
 
 /// What an admitted request holds while it runs ([`Server::admit`]).
-struct Admission<'s> {
+struct Admission {
     target: Arc<crate::model::ModelVersion>,
     /// Its place under `--max-inflight-requests` (client requests).
     inflight: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Its tenant's admission (a tenant's client requests).
     tenant: Option<Admitted>,
     /// Its edge in the wait graph (BLS calls).
-    waiting: Option<WaitEdge<'s>>,
+    waiting: Option<WaitEdge>,
 }
 
 /// Which models wait on which, across every BLS call in flight.
@@ -1146,7 +1159,7 @@ struct WaitGraph {
 impl WaitGraph {
     /// Records that `caller` waits on `target`, or returns the path target → … → caller that
     /// this wait would close into a cycle.
-    fn enter<'g>(&'g self, caller: &str, target: &str) -> Result<WaitEdge<'g>, Vec<String>> {
+    fn enter(self: &Arc<Self>, caller: &str, target: &str) -> Result<WaitEdge, Vec<String>> {
         let mut edges = self.edges.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(path) = path_between(&edges, target, caller) {
             return Err(path);
@@ -1157,7 +1170,7 @@ impl WaitGraph {
             .entry(target.to_owned())
             .or_default() += 1;
         Ok(WaitEdge {
-            graph: self,
+            graph: self.clone(),
             caller: caller.to_owned(),
             target: target.to_owned(),
         })
@@ -1194,13 +1207,13 @@ fn path_between(
 }
 
 /// One BLS call waiting; removes its edge when the call ends (or is dropped).
-struct WaitEdge<'g> {
-    graph: &'g WaitGraph,
+struct WaitEdge {
+    graph: Arc<WaitGraph>,
     caller: String,
     target: String,
 }
 
-impl Drop for WaitEdge<'_> {
+impl Drop for WaitEdge {
     fn drop(&mut self) {
         let mut edges = self.graph.edges.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(targets) = edges.get_mut(&self.caller) {
@@ -1223,7 +1236,7 @@ mod tests {
 
     #[test]
     fn a_wait_that_closes_a_cycle_is_refused() {
-        let graph = WaitGraph::default();
+        let graph = Arc::new(WaitGraph::default());
         let ab = graph.enter("a", "b").expect("a waits on b");
         let bc = graph.enter("b", "c").expect("b waits on c");
         assert_eq!(

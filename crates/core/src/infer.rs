@@ -293,6 +293,17 @@ pub trait Inference: Send + Sync + 'static {
         request: InferRequest,
     ) -> BoxFuture<'a, InferResult>;
 
+    /// Runs `request` on `model` through its queue and returns its responses as a stream:
+    /// every response of a decoupled model, the one of any other. Dropping the stream cancels
+    /// the call.
+    fn infer_stream<'a>(
+        &'a self,
+        cx: CallContext,
+        model: &'a str,
+        version: Option<i64>,
+        request: InferRequest,
+    ) -> BoxFuture<'a, Result<crate::stream::ResponseStream, InferError>>;
+
     /// The metadata of a READY version of `model`.
     fn metadata(
         &self,

@@ -392,6 +392,19 @@ mod tests {
             })
         }
 
+        fn infer_stream<'a>(
+            &'a self,
+            cx: CallContext,
+            model: &'a str,
+            version: Option<i64>,
+            request: InferRequest,
+        ) -> BoxFuture<'a, Result<crate::stream::ResponseStream, InferError>> {
+            Box::pin(async move {
+                let result = self.infer(cx, model, version, request).await;
+                Ok(crate::stream::ResponseStream::single(result))
+            })
+        }
+
         fn metadata(
             &self,
             _cx: &CallContext,

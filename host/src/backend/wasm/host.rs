@@ -591,6 +591,12 @@ async fn whole_body_if_bodiless(
 
 impl types::Host for HostState {}
 
+/// A guest's handle on the responses of a streamed BLS call (`inference.infer-stream`).
+pub struct BlsStream {
+    stream: crate::stream::ResponseStream,
+    max_output_bytes: usize,
+}
+
 impl HostState {
     /// The context of a BLS call made during the current execution.
     fn call_context(&self) -> CallContext {
@@ -629,6 +635,31 @@ impl inference::Host for HostState {
         }
     }
 
+    async fn infer_stream(
+        &mut self,
+        model: String,
+        version: Option<i64>,
+        request: types::Request,
+    ) -> Result<wasmtime::component::Resource<BlsStream>, types::Error> {
+        let inference = self.inference()?;
+        let request = convert::request_from_wit(request).map_err(convert::error_to_wit)?;
+        let stream = inference
+            .infer_stream(self.call_context(), &model, version, request)
+            .await
+            .map_err(convert::error_to_wit)?;
+        self.table
+            .push(BlsStream {
+                stream,
+                max_output_bytes: self.streams.max_output_bytes,
+            })
+            .map_err(|e| {
+                convert::error_to_wit(InferError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!("cannot hold another stream: {e}"),
+                ))
+            })
+    }
+
     async fn model_metadata(
         &mut self,
         model: String,
@@ -639,6 +670,38 @@ impl inference::Host for HostState {
             .metadata(&self.call_context(), &model, version)
             .map_err(convert::error_to_wit)?;
         Ok(convert::metadata_to_wit(&metadata))
+    }
+}
+
+impl inference::HostResponseStream for HostState {
+    async fn next(
+        &mut self,
+        this: wasmtime::component::Resource<BlsStream>,
+    ) -> Option<Result<types::Response, types::Error>> {
+        let held = self.table.get_mut(&this).ok()?;
+        let max = held.max_output_bytes;
+        let message = held.stream.next().await?;
+        match message.result? {
+            Ok(response) => Some(Ok(convert::response_to_wit(response))),
+            Err(e) => Some(Err(convert::error_to_wit(bounded_error(e, max)))),
+        }
+    }
+
+    async fn drop(
+        &mut self,
+        this: wasmtime::component::Resource<BlsStream>,
+    ) -> wasmtime::Result<()> {
+        // Dropping the stream cancels the call.
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+/// An error as a guest reads it: its message within the guest's output limit.
+fn bounded_error(e: InferError, max: usize) -> InferError {
+    InferError {
+        message: crate::infer::bounded(&e.message, max.max(64)).into_owned(),
+        ..e
     }
 }
 

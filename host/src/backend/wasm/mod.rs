@@ -40,6 +40,9 @@ wasmtime::component::bindgen!({
     world: "model",
     imports: { default: async },
     exports: { default: async },
+    with: {
+        "tessera:inference/inference.response-stream": host::BlsStream,
+    },
 });
 
 /// The interface a handler exports (any 0.1 patch version).
@@ -345,6 +348,16 @@ impl Inference for NoInference {
         _version: Option<i64>,
         _request: crate::infer::InferRequest,
     ) -> BoxFuture<'a, InferResult> {
+        Box::pin(async { Err(InferError::unavailable("no server")) })
+    }
+
+    fn infer_stream<'a>(
+        &'a self,
+        _cx: CallContext,
+        _model: &'a str,
+        _version: Option<i64>,
+        _request: crate::infer::InferRequest,
+    ) -> BoxFuture<'a, Result<crate::stream::ResponseStream, InferError>> {
         Box::pin(async { Err(InferError::unavailable("no server")) })
     }
 
