@@ -71,6 +71,21 @@ pub struct StatsSnapshot {
     pub compute_output: Tally,
     /// Keyed by the batch size in rows.
     pub batch: BTreeMap<usize, BatchTally>,
+    /// Streams (decoupled models): what their callers read.
+    pub streams: StreamTally,
+}
+
+/// What the callers of a decoupled model read from their streams.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StreamTally {
+    /// Responses with outputs, and errors.
+    pub responses: u64,
+    /// Final responses without outputs (Triton's flags-only final).
+    pub empty_finals: u64,
+    /// Streams their caller dropped before the last response.
+    pub cancelled: u64,
+    /// From each request's arrival to its first response: how many, and their total.
+    pub first_response: Tally,
 }
 
 /// Quantiles the latency summaries report (Triton's defaults).
@@ -198,6 +213,10 @@ pub struct ModelStats {
     batch_overflow: Mutex<BTreeMap<usize, BatchTally>>,
     /// Present with `--metrics-config summary_latencies=true` only.
     windows: Option<Mutex<Windows>>,
+    responses: AtomicU64,
+    empty_finals: AtomicU64,
+    cancelled: AtomicU64,
+    first_response: AtomicTally,
 }
 
 impl Default for ModelStats {
@@ -225,6 +244,10 @@ impl ModelStats {
                 .collect(),
             batch_overflow: Mutex::default(),
             windows: summaries.then(Mutex::default),
+            responses: AtomicU64::new(0),
+            empty_finals: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            first_response: AtomicTally::default(),
         }
     }
 
@@ -263,6 +286,27 @@ impl ModelStats {
             self.fail.add(total)
         }
         self.with_windows(|w| w.request.push(Instant::now(), total));
+    }
+
+    /// A caller read one message of a stream: a response or an error, or a final response
+    /// without outputs (`empty`).
+    pub fn record_streamed(&self, empty: bool) {
+        let counter = if empty {
+            &self.empty_finals
+        } else {
+            &self.responses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stream's first message came `after` its request arrived.
+    pub fn record_first_response(&self, after: Duration) {
+        self.first_response.add(after);
+    }
+
+    /// A caller dropped its stream before the last message.
+    pub fn record_cancelled(&self) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request waited `waited` in the queue.
@@ -326,6 +370,12 @@ impl ModelStats {
             compute_infer: self.compute_infer.load(),
             compute_output: self.compute_output.load(),
             batch,
+            streams: StreamTally {
+                responses: self.responses.load(Ordering::Relaxed),
+                empty_finals: self.empty_finals.load(Ordering::Relaxed),
+                cancelled: self.cancelled.load(Ordering::Relaxed),
+                first_response: self.first_response.load(),
+            },
         }
     }
 }
@@ -504,7 +554,7 @@ pub fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
 pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily]) -> String {
     let mut out = String::new();
     type Pick = fn(&ModelMetrics<'_>) -> u64;
-    let families: [(&str, &str, &str, Pick); 10] = [
+    let families: [(&str, &str, &str, Pick); 15] = [
         (
             "nv_inference_request_success",
             "counter",
@@ -564,6 +614,36 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily])
             "gauge",
             "Instantaneous number of pending requests awaiting execution per-model",
             |m| m.pending as u64,
+        ),
+        (
+            "tessera_inference_streamed_responses",
+            "counter",
+            "Responses (with outputs, or errors) decoupled models sent that their callers read",
+            |m| m.stats.streams.responses,
+        ),
+        (
+            "tessera_inference_empty_final_responses",
+            "counter",
+            "Final responses without outputs decoupled models sent (Triton's flags-only final)",
+            |m| m.stats.streams.empty_finals,
+        ),
+        (
+            "tessera_inference_cancelled_streams",
+            "counter",
+            "Streamed requests whose caller went away before the last response",
+            |m| m.stats.streams.cancelled,
+        ),
+        (
+            "tessera_inference_first_response_count",
+            "counter",
+            "Streamed requests that got a first response",
+            |m| m.stats.streams.first_response.count,
+        ),
+        (
+            "tessera_inference_first_response_duration_us",
+            "counter",
+            "Cumulative time from a streamed request's arrival to its first response, in microseconds",
+            |m| us(m.stats.streams.first_response.ns),
         ),
     ];
     for (name, kind, help, pick) in families {

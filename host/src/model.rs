@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::config::{BackendKind, ModelConfig};
@@ -89,11 +90,19 @@ impl ModelVersion {
         let me = self.clone();
         let finish =
             move |response: crate::infer::InferResponse| me.finish(response, &requested, &id);
-        let record = counted.then(|| StreamRecord {
+        let stream = stream.map(Arc::new(finish));
+        if !counted {
+            return Ok(stream);
+        }
+        let record = Arc::new(StreamRecord {
             stats: self.stats.clone(),
             arrived,
+            answered: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            recorded: AtomicBool::new(false),
         });
-        Ok(stream.map(Arc::new(finish)).hold(record))
+        let inspect = record.clone();
+        Ok(stream.inspect(Arc::new(move |message| inspect.read(message))))
     }
 
     /// Runs one request through this version's queue. Warmup requests are not counted.
@@ -363,16 +372,39 @@ pub fn classify(
     ))
 }
 
-/// Counts a streamed request in the model's statistics when its stream ends (read to the end or
-/// dropped by its caller), with the time from arrival to then.
+/// Counts a streamed request in the model's statistics as its caller reads it: each response,
+/// the time to the first, and the request itself at its last message (a success unless an error
+/// ended it), or as cancelled when the caller drops the stream before that.
 struct StreamRecord {
     stats: Arc<ModelStats>,
     arrived: Instant,
+    answered: AtomicBool,
+    failed: AtomicBool,
+    recorded: AtomicBool,
+}
+
+impl StreamRecord {
+    fn read(&self, message: &crate::stream::StreamMessage) {
+        if !self.answered.swap(true, Ordering::Relaxed) {
+            self.stats.record_first_response(self.arrived.elapsed());
+        }
+        if matches!(message.result, Some(Err(_))) {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        self.stats.record_streamed(message.result.is_none());
+        if message.last && !self.recorded.swap(true, Ordering::Relaxed) {
+            let ok = !self.failed.load(Ordering::Relaxed);
+            self.stats.record_request(ok, self.arrived.elapsed());
+        }
+    }
 }
 
 impl Drop for StreamRecord {
     fn drop(&mut self) {
-        self.stats.record_request(true, self.arrived.elapsed());
+        if !self.recorded.load(Ordering::Relaxed) {
+            self.stats.record_cancelled();
+            self.stats.record_request(false, self.arrived.elapsed());
+        }
     }
 }
 

@@ -196,13 +196,13 @@ def rss_bytes(proc) -> int:
     raise AssertionError("no VmRSS")
 
 
-def metric(srv, name: str) -> float:
+def metric(srv, name: str, model: str | None = None) -> float:
     conn = http.client.HTTPConnection(srv.host, srv.metrics_port, timeout=10)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
     for line in text.splitlines():
-        if line.startswith(name):
+        if line.startswith(name) and (model is None or f'model="{model}"' in line):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no {name} in /metrics")
 
@@ -238,6 +238,8 @@ def test_a_slow_reader_slows_the_sender_and_memory_stays_bounded(probe_server):
             count += 1
             last_index = int(np.frombuffer(response.raw_output_contents[1], np.uint32)[0])
         assert (count, last_index) == (10_000, 9_999)
+        assert metric(srv, "tessera_inference_streamed_responses", "stream_probe") >= 10_000
+        assert metric(srv, "tessera_inference_first_response_count", "stream_probe") >= 1
     finally:
         release.set()
         channel.close()
@@ -250,6 +252,7 @@ def test_cancelled_streams_stop_their_handler_and_leave_nothing_behind(probe_ser
     srv, proc = probe_server
     channel, stub = _stub(srv)
     instances = metric(srv, "tessera_wasm_live_instances")
+    cancelled = metric(srv, "tessera_inference_cancelled_streams", "stream_probe")
     before = rss_bytes(proc)
     try:
         for i in range(1000):
@@ -262,6 +265,12 @@ def test_cancelled_streams_stop_their_handler_and_leave_nothing_behind(probe_ser
         grown = rss_bytes(proc) - before
         assert grown < 64 << 20, f"the server grew {grown >> 20} MiB over 1,000 cancelled streams"
         assert metric(srv, "tessera_wasm_live_instances") == instances
+        # The server sees the last cancellations a moment after the client sends them.
+        deadline = time.monotonic() + 10
+        while (metric(srv, "tessera_inference_cancelled_streams", "stream_probe") < cancelled + 1000
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert metric(srv, "tessera_inference_cancelled_streams", "stream_probe") == cancelled + 1000
         # And it keeps serving: a whole stream goes through.
         answers = list(stub.ModelStreamInfer(iter([probe_request(5, 8)]), timeout=30))
         assert len(answers) == 5 and all(a.error_message == "" for a in answers)

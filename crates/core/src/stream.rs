@@ -130,10 +130,14 @@ impl ResponseSender {
 /// its name, version and the request id).
 pub type Finish = Arc<dyn Fn(InferResponse) -> InferResult + Send + Sync>;
 
+/// Sees every message as the reader reads it, before [`Finish`] (statistics).
+pub type Inspect = Arc<dyn Fn(&StreamMessage) + Send + Sync>;
+
 /// The receiving end: the caller's. Dropping it cancels the request.
 pub struct ResponseStream {
     rx: mpsc::Receiver<StreamMessage>,
     finish: Option<Finish>,
+    inspect: Option<Inspect>,
     /// Held as long as the stream is read: admission and accounting of the request.
     guards: Vec<Box<dyn Send + Sync>>,
     ended: bool,
@@ -159,6 +163,7 @@ pub fn channel() -> (ResponseSender, ResponseStream) {
     let stream = ResponseStream {
         rx,
         finish: None,
+        inspect: None,
         guards: Vec::new(),
         ended: false,
     };
@@ -186,6 +191,17 @@ impl ResponseStream {
         self
     }
 
+    /// Shows every message read from now on to `inspect` (one inspector per stream).
+    pub fn inspect(mut self, inspect: Inspect) -> ResponseStream {
+        self.inspect = Some(inspect);
+        self
+    }
+
+    /// Whether the last message was read.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
     /// Keeps `guard` alive while the stream is read.
     pub fn hold(mut self, guard: impl Send + Sync + 'static) -> ResponseStream {
         self.guards.push(Box::new(guard));
@@ -207,6 +223,9 @@ impl ResponseStream {
                 last: true,
             },
         };
+        if let Some(inspect) = &self.inspect {
+            inspect(&message);
+        }
         if message.last {
             self.ended = true;
             // Done: admission ends now, not when the reader drops the stream.
