@@ -169,7 +169,8 @@ def test_generate_and_generate_stream_map_keys_as_triton_does(server):
 @pytest.fixture(scope="module")
 def probe_server(request):
     failed_before = request.session.testsfailed
-    srv, proc, log = launch(binary(), ["--model-repository", "tests/fixtures/model_repository"])
+    srv, proc, log = launch(binary(), ["--model-repository", "tests/fixtures/model_repository",
+                                       "--functions", "tests/fixtures/functions"])
     yield srv, proc
     stop(proc, log, keep=request.session.testsfailed > failed_before)
 
@@ -339,3 +340,25 @@ def test_a_handler_reads_a_decoupled_models_stream_and_forwards_it(probe_server)
         assert "decoupled" in refused[0].error_message
     finally:
         channel.close()
+
+
+def test_a_function_streams_a_decoupled_models_responses_into_its_body(probe_server):
+    """function_probe's /stream reads stream_probe with infer_stream and writes each response
+    into its HTTP body as it comes; a client that leaves mid-body cancels the whole chain."""
+    srv, _ = probe_server
+    conn = http.client.HTTPConnection(srv.host, srv.http_port, timeout=30)
+    conn.request("GET", "/v1/functions/function_probe/stream?5")
+    r = conn.getresponse()
+    assert (r.status, r.read()) == (200, b"0\n1\n2\n3\n4\n")
+    conn.close()
+    for _ in range(10):
+        conn = http.client.HTTPConnection(srv.host, srv.http_port, timeout=30)
+        conn.request("GET", "/v1/functions/function_probe/stream?1000000")
+        r = conn.getresponse()
+        assert r.status == 200 and r.readline() == b"0\n"
+        conn.close()  # mid-body
+    conn = http.client.HTTPConnection(srv.host, srv.http_port, timeout=30)
+    conn.request("GET", "/v1/functions/function_probe/stream?3")
+    r = conn.getresponse()
+    assert r.read() == b"0\n1\n2\n"
+    conn.close()

@@ -13,6 +13,7 @@
 //! | `/echo` | streams the body back |
 //! | `/big?<kib>` | answers that many KiB |
 //! | `/infer?<model>` | calls `<model>` with X = [[1]] (FP32 [1, 1]) and answers Y |
+//! | `/stream?<count>` | streams `stream_probe`'s `count` responses into the body as they come, one `IDX` per line |
 //! | `/panic` | panics |
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -71,6 +72,25 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, Error> {
                 },
                 Err(e) => format!("error: {e}"),
             }
+        }
+        "/stream" => {
+            let count: u32 = query.parse().unwrap_or(1);
+            let request = InferRequest::builder()
+                .input(Tensor::from_slice("COUNT", [1], &[count]))
+                .input(Tensor::from_slice("BYTES", [1], &[8u32]))
+                .build();
+            let stream = tessera_guest::infer_stream("stream_probe", None, request)?;
+            let lines = stream.map(|response| match response {
+                Ok(response) => match response.output("IDX").and_then(|t| t.as_slice::<u32>()) {
+                    Ok(idx) => format!("{}\n", idx.first().copied().unwrap_or(0)),
+                    Err(e) => format!("error: {e}\n"),
+                },
+                Err(e) => format!("error: {e}\n"),
+            });
+            // Each line goes out as soon as its response arrives.
+            return Ok(Response::new(Body::from_stream(
+                futures_lite::stream::iter(lines),
+            )));
         }
         "/panic" => panic!("the probe panics on request"),
         other => format!("unknown probe {other}"),
