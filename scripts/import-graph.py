@@ -15,7 +15,7 @@ import os, re, sys
 # The layers of docs/architecture.md, by module path prefix (the longest prefix decides).
 LAYERS = {
     ("metrics",): 1, ("limits",): 1, ("scheduler", "rate_limit"): 1, ("device",): 1,
-    ("store",): 1, ("telemetry",): 1,
+    ("store",): 1, ("telemetry",): 1, ("sequence",): 1,
     ("backend",): 2,
     ("scheduler",): 3, ("model",): 3, ("warmup",): 3,
     ("tenants",): 3.5, ("shm",): 3.5,

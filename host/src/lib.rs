@@ -23,6 +23,7 @@ pub mod model;
 pub mod protocol;
 pub mod repository;
 pub mod scheduler;
+pub mod sequence;
 pub mod server;
 pub mod shm;
 pub mod store;

@@ -419,6 +419,17 @@ pub struct ModelMetrics<'a> {
     pub pending: usize,
     /// Present when latency summaries are on (`--metrics-config summary_latencies=true`).
     pub quantiles: Option<LatencyQuantiles>,
+    /// Present for a stateful model (`sequence_batching`).
+    pub sequences: Option<SequenceCounts>,
+}
+
+/// A stateful model's sequences: live now, and started, ended and released for idleness.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SequenceCounts {
+    pub live: u64,
+    pub started: u64,
+    pub ended: u64,
+    pub expired: u64,
 }
 
 /// Batch sizes that bound the batch-size histogram's buckets.
@@ -653,6 +664,44 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily])
             family.sample(&[("model", m.name), ("version", &version)], pick(m));
         }
     }
+    type PickSequences = fn(&SequenceCounts) -> u64;
+    let sequence_families: [(&str, &str, &str, PickSequences); 4] = [
+        (
+            "tessera_sequences_live",
+            "gauge",
+            "Sequences of a stateful model holding a slot now",
+            |s| s.live,
+        ),
+        (
+            "tessera_sequences_started_total",
+            "counter",
+            "Sequences started (a request with sequence_start)",
+            |s| s.started,
+        ),
+        (
+            "tessera_sequences_ended_total",
+            "counter",
+            "Sequences ended (a request with sequence_end)",
+            |s| s.ended,
+        ),
+        (
+            "tessera_sequences_expired_total",
+            "counter",
+            "Sequences released after max_sequence_idle_microseconds without a request",
+            |s| s.expired,
+        ),
+    ];
+    if models.iter().any(|m| m.sequences.is_some()) {
+        for (name, kind, help, pick) in sequence_families {
+            let mut family = Family::start(&mut out, name, kind, help);
+            for m in models {
+                if let Some(sequences) = &m.sequences {
+                    let version = m.version.to_string();
+                    family.sample(&[("model", m.name), ("version", &version)], pick(sequences));
+                }
+            }
+        }
+    }
     let mut family = Family::start(
         &mut out,
         "tessera_batch_size",
@@ -748,6 +797,7 @@ mod tests {
             stats: StatsSnapshot::default(),
             pending: 0,
             quantiles: None,
+            sequences: None,
         };
         let text = render_prometheus(&[model], &[]);
         let line = text

@@ -26,6 +26,8 @@ pub struct ModelVersion {
     /// Class labels per output, from `label_filename`.
     labels: HashMap<String, Vec<String>>,
     scheduler: Scheduler,
+    /// The live sequences of a stateful model (`sequence_batching`).
+    pub sequencer: Option<Arc<crate::sequence::Sequencer>>,
 }
 
 impl ModelVersion {
@@ -48,7 +50,14 @@ impl ModelVersion {
             stats,
             labels,
             scheduler,
+            sequencer: None,
         }
+    }
+
+    /// A stateful model's version: its requests go through `sequencer`.
+    pub fn with_sequencer(mut self, sequencer: Option<Arc<crate::sequence::Sequencer>>) -> Self {
+        self.sequencer = sequencer;
+        self
     }
 
     fn batched(&self) -> bool {
@@ -141,7 +150,16 @@ impl ModelVersion {
         self.validate(&request)?;
         let requested = request.outputs.clone();
         let id = request.id.clone();
-        let response = self.scheduler.submit(cx, request).await?;
+        // A stateful model's request is a step of its sequence: control inputs and state are
+        // filled in, and the steps of one sequence run in order.
+        let response = match &self.sequencer {
+            Some(sequencer) => {
+                sequencer
+                    .step(request, |request| self.scheduler.submit(cx, request))
+                    .await?
+            }
+            None => self.scheduler.submit(cx, request).await?,
+        };
         self.finish(response, &requested, &id)
     }
 

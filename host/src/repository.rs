@@ -1482,8 +1482,14 @@ impl Repository {
                 .load_instances(kind, &ctx)
                 .await
                 .and_then(|instances| executors(&config, instances, limiter));
+            let loaded = loaded.and_then(|executors| {
+                let sequencer =
+                    crate::sequence::Sequencer::of(name, &config, ctx.instances.len(), &entry.path)
+                        .map_err(crate::backend::LoadError::invalid)?;
+                Ok((executors, sequencer))
+            });
             match loaded {
-                Ok(executors) => {
+                Ok((executors, sequencer)) => {
                     let max_rows = usize::try_from(config.max_batch_size).unwrap_or(0);
                     let stats = Arc::new(ModelStats::new(max_rows, self.options.latency_summaries));
                     let scheduler = Scheduler::start(
@@ -1501,7 +1507,8 @@ impl Repository {
                         labels.clone(),
                         scheduler,
                         stats,
-                    );
+                    )
+                    .with_sequencer(sequencer);
                     if let Err(e) = crate::warmup::run(&model, &entry.path).await {
                         tracing::error!(model = name, version, "UNAVAILABLE: {e}");
                         *status = VersionStatus {

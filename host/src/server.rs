@@ -811,6 +811,7 @@ impl Server {
                 stats: m.stats.snapshot(),
                 pending: m.pending_count(),
                 quantiles: summaries.then(|| m.stats.quantiles()),
+                sequences: m.sequencer.as_ref().map(|s| s.snapshot()),
             })
             .collect();
         let mut text = crate::metrics::render_prometheus(&models, &self.wasm.counters.families());

@@ -96,9 +96,35 @@ pub struct DynamicBatching {
     pub priority_queue_policy: HashMap<usize, QueuePolicy>,
 }
 
+/// A stateful model batches the requests of different sequences as a dynamic batcher would,
+/// with its strategy's delay (and `oldest`'s preferred sizes and ordering); the steps of one
+/// sequence never share a batch (the sequencer runs them one at a time).
+fn sequence_batching(config: &ModelConfig) -> Option<crate::config::pb::ModelDynamicBatching> {
+    use crate::config::pb::model_config::SchedulingChoice;
+    use crate::config::pb::model_sequence_batching::StrategyChoice;
+    let Some(SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice else {
+        return None;
+    };
+    let mut dynamic = crate::config::pb::ModelDynamicBatching::default();
+    match &sb.strategy_choice {
+        Some(StrategyChoice::Oldest(oldest)) => {
+            dynamic.max_queue_delay_microseconds = oldest.max_queue_delay_microseconds;
+            dynamic.preferred_batch_size = oldest.preferred_batch_size.clone();
+            dynamic.preserve_ordering = oldest.preserve_ordering;
+        }
+        Some(StrategyChoice::Direct(direct)) => {
+            dynamic.max_queue_delay_microseconds = direct.max_queue_delay_microseconds;
+        }
+        None => {}
+    }
+    Some(dynamic)
+}
+
 impl BatchPolicy {
     pub fn from_config(config: &ModelConfig) -> BatchPolicy {
         let dynamic = crate::config::dynamic_batching(config)
+            .cloned()
+            .or_else(|| sequence_batching(config))
             .filter(|_| config.max_batch_size > 0)
             .map(|d| {
                 let levels = usize::try_from(d.priority_levels).unwrap_or(0).max(1);

@@ -299,20 +299,23 @@ pub fn ignored_settings(config: &ModelConfig) -> Vec<&'static str> {
 /// `decoupled-model` world can; ONNX models and ensembles cannot).
 pub fn unsupported_settings(config: &ModelConfig, streams: bool) -> Option<String> {
     let mut unsupported = Vec::new();
-    if matches!(
-        config.scheduling_choice,
-        Some(pb::model_config::SchedulingChoice::SequenceBatching(_))
-    ) {
-        unsupported.push(
-            "sequence_batching (stateful models: tessera does not yet keep sequence state or supply the START/END/READY/CORRID control inputs)",
-        );
-    }
-    if !streams
-        && config
-            .model_transaction_policy
-            .as_ref()
-            .is_some_and(|p| p.decoupled)
+    let decoupled = config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled);
+    if let Some(pb::model_config::SchedulingChoice::SequenceBatching(sb)) =
+        &config.scheduling_choice
     {
+        if sb.iterative_sequence {
+            unsupported.push(
+                "sequence_batching { iterative_sequence: true } (requests a backend reschedules)",
+            );
+        }
+        if decoupled {
+            unsupported.push("sequence_batching on a decoupled model");
+        }
+    }
+    if !streams && decoupled {
         unsupported.push(
             "model_transaction_policy { decoupled: true } for this backend (only Wasm handlers of the decoupled-model world answer with a stream of responses)",
         );

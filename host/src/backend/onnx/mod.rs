@@ -360,6 +360,8 @@ fn load(
     let inter = thread_parameter(config, "inter_op_thread_count")?;
     let plan = Arc::new(Plan {
         batched: config.max_batch_size > 0,
+        // A stateful model also takes the control and state inputs the host fills in, and
+        // gives back its state outputs.
         inputs: config
             .input
             .iter()
@@ -367,11 +369,24 @@ fn load(
                 name: i.name.clone(),
                 reshape: i.reshape.as_ref().map(|r| r.shape.clone()),
             })
+            .chain(
+                crate::sequence::Sequencer::host_inputs(config)
+                    .into_iter()
+                    .map(|name| InputPlan {
+                        name,
+                        reshape: None,
+                    }),
+            )
             .collect(),
         outputs: config
             .output
             .iter()
             .map(|o| (o.name.clone(), o.reshape.as_ref().map(|_| o.dims.clone())))
+            .chain(
+                crate::sequence::Sequencer::state_outputs(config)
+                    .into_iter()
+                    .map(|name| (name, None)),
+            )
             .collect(),
     });
     let mut sessions = Vec::with_capacity(slots.len());
