@@ -458,15 +458,15 @@ async fn a_store_failure_does_not_show_the_store_path_to_clients() {
 }
 
 #[tokio::test]
-async fn models_needing_sequences_decoupling_or_ragged_batches_are_refused_at_load() {
+async fn models_needing_iterative_sequences_a_stream_world_or_ragged_batches_are_refused_at_load() {
     let repo = echo_repo();
     let config = repo.join("slow_echo/config.pbtxt");
     let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(&config, format!("{text}\nsequence_batching {{ }}\n")).expect("writes");
+    std::fs::write(&config, format!("{text}\nsequence_batching {{ iterative_sequence: true }}\n")).expect("writes");
     let server = TestServer::start(&[repo], &[], &shared_cache()).await;
     let (_, status, reason) = server.state_lookup().await("slow_echo");
     assert_eq!(status, "UNAVAILABLE");
-    assert!(reason.contains("sequence_batching"), "{reason}");
+    assert!(reason.contains("iterative_sequence"), "{reason}");
     let component = echo_component();
     let cases = [
         (
