@@ -157,34 +157,21 @@ macro_rules! export_decoupled_model {
 /// What [`export_decoupled_model!`](crate::export_decoupled_model) expands to; not part of the API.
 #[doc(hidden)]
 pub mod private {
-    use std::cell::RefCell;
-    use std::thread::LocalKey;
-
     pub use crate::bindings_decoupled as bindings;
     pub use crate::bindings_decoupled::exports::tessera::inference::decoupled_handler::Guest;
     pub use crate::bindings_decoupled::tessera::inference::streaming::ResponseSender as WitSender;
 
     use super::{DecoupledModel, ResponseSender, Resume};
     use crate::__private::WitRequest;
-    use crate::{ModelConfig, Request};
+    use crate::Request;
 
-    /// The instance's state, one per component instance.
-    pub type Slot<M> = LocalKey<RefCell<Option<M>>>;
+    pub use crate::__private::Slot;
 
     pub fn initialize<M: DecoupledModel>(
         slot: &'static Slot<M>,
         config_json: String,
     ) -> Result<(), String> {
-        crate::__private::install_panic_hook();
-        let config = ModelConfig::from_json(&config_json)?;
-        let model = M::initialize(&config)?;
-        slot.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut state) => {
-                *state = Some(model);
-                Ok(())
-            }
-            Err(_) => Err("initialize was called while the instance was busy".to_owned()),
-        })
+        crate::__private::install(slot, config_json, M::initialize)
     }
 
     pub fn execute<M: DecoupledModel>(
@@ -218,12 +205,7 @@ pub mod private {
     }
 
     pub fn finalize<M: DecoupledModel>(slot: &'static Slot<M>) {
-        let model = slot.with(|cell| {
-            cell.try_borrow_mut()
-                .ok()
-                .and_then(|mut state| state.take())
-        });
-        if let Some(mut model) = model {
+        if let Some(mut model) = crate::__private::take(slot) {
             model.finalize();
         }
     }

@@ -253,15 +253,33 @@ pub mod __private {
     pub type Slot<M> = LocalKey<RefCell<Option<M>>>;
 
     pub fn initialize<M: Model>(slot: &'static Slot<M>, config_json: String) -> Result<(), String> {
+        install(slot, config_json, M::initialize)
+    }
+
+    /// Creates the instance's state from its configuration (both handler worlds).
+    pub fn install<M: 'static>(
+        slot: &'static Slot<M>,
+        config_json: String,
+        create: impl FnOnce(&ModelConfig) -> Result<M, String>,
+    ) -> Result<(), String> {
         install_panic_hook();
         let config = ModelConfig::from_json(&config_json)?;
-        let model = M::initialize(&config)?;
+        let model = create(&config)?;
         slot.with(|cell| match cell.try_borrow_mut() {
             Ok(mut state) => {
                 *state = Some(model);
                 Ok(())
             }
             Err(_) => Err("initialize was called while the instance was busy".to_owned()),
+        })
+    }
+
+    /// Takes the instance's state out for `finalize` (both handler worlds).
+    pub fn take<M: 'static>(slot: &'static Slot<M>) -> Option<M> {
+        slot.with(|cell| {
+            cell.try_borrow_mut()
+                .ok()
+                .and_then(|mut state| state.take())
         })
     }
 
@@ -338,12 +356,7 @@ pub mod __private {
     }
 
     pub fn finalize<M: Model>(slot: &'static Slot<M>) {
-        let model = slot.with(|cell| {
-            cell.try_borrow_mut()
-                .ok()
-                .and_then(|mut state| state.take())
-        });
-        if let Some(mut model) = model {
+        if let Some(mut model) = take(slot) {
             model.finalize();
         }
     }
