@@ -462,7 +462,11 @@ async fn models_needing_iterative_sequences_a_stream_world_or_ragged_batches_are
     let repo = echo_repo();
     let config = repo.join("slow_echo/config.pbtxt");
     let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(&config, format!("{text}\nsequence_batching {{ iterative_sequence: true }}\n")).expect("writes");
+    std::fs::write(
+        &config,
+        format!("{text}\nsequence_batching {{ iterative_sequence: true }}\n"),
+    )
+    .expect("writes");
     let server = TestServer::start(&[repo], &[], &shared_cache()).await;
     let (_, status, reason) = server.state_lookup().await("slow_echo");
     assert_eq!(status, "UNAVAILABLE");
