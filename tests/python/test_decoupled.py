@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import shutil
 import threading
 import time
 
@@ -18,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import binary, launch, stop
+from conftest import REPO_ROOT, binary, launch, stop
 
 
 def repeat_inputs(values, delays, wait):
@@ -362,3 +363,34 @@ def test_a_function_streams_a_decoupled_models_responses_into_its_body(probe_ser
     r = conn.getresponse()
     assert r.read() == b"0\n1\n2\n"
     conn.close()
+
+
+ENSEMBLE_OVER_REPEAT = """
+name: "repeat_ensemble"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+        { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
+        { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "repeat_int32" model_version: -1
+  input_map { key: "IN" value: "IN" } input_map { key: "DELAY" value: "DELAY" }
+  input_map { key: "WAIT" value: "WAIT" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def test_an_ensemble_over_a_decoupled_model_is_refused_at_load(request, tmp_path):
+    shutil.copytree(REPO_ROOT / "model_repository" / "repeat_int32", tmp_path / "repeat_int32")
+    (tmp_path / "repeat_ensemble" / "1").mkdir(parents=True)
+    (tmp_path / "repeat_ensemble" / "config.pbtxt").write_text(ENSEMBLE_OVER_REPEAT)
+    failed_before = request.session.testsfailed
+    srv, proc, log = launch(binary(), ["--model-repository", str(tmp_path),
+                                       "--strict-readiness", "false"])
+    try:
+        status, _, body = srv.request("POST", "/v2/repository/index", b"{}")
+        rows = {row["name"]: row for row in json.loads(body)}
+        assert rows["repeat_int32"]["state"] == "READY"
+        assert rows["repeat_ensemble"]["state"] == "UNAVAILABLE"
+        assert "decoupled" in rows["repeat_ensemble"]["reason"], rows["repeat_ensemble"]
+    finally:
+        stop(proc, log, keep=request.session.testsfailed > failed_before)

@@ -77,6 +77,8 @@ pub struct ModelMetadata {
     pub platform: String,
     /// Whether the model batches: shapes then start with a -1 batch dimension.
     pub batched: bool,
+    /// Whether the model answers with a stream of responses (`decoupled: true`).
+    pub decoupled: bool,
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
 }
@@ -95,6 +97,10 @@ impl ModelMetadata {
             versions,
             platform: platform(config),
             batched: config.max_batch_size > 0,
+            decoupled: config
+                .model_transaction_policy
+                .as_ref()
+                .is_some_and(|p| p.decoupled),
             inputs: signature.inputs.clone(),
             outputs: signature.outputs.clone(),
         }

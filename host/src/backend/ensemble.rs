@@ -76,6 +76,11 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         let target = inference
             .metadata(&cx, &step.model_name, version)
             .map_err(|e| LoadError::invalid(format!("{label}: {}", e.message)))?;
+        if target.decoupled {
+            return Err(LoadError::unsupported(format!(
+                "{label} is a decoupled model: an ensemble's steps answer once (call it from a handler with infer-stream instead)"
+            )));
+        }
         let mut inputs = Vec::new();
         for (model_input, tensor) in &step.input_map {
             if !target.inputs.iter().any(|s| &s.name == model_input) {
@@ -422,6 +427,7 @@ mod tests {
                     versions: vec![1],
                     platform: "fake".into(),
                     batched: false,
+                    decoupled: false,
                     inputs: vec![spec("X", datatype)],
                     outputs: vec![spec("Y", datatype)],
                 }),

@@ -399,6 +399,11 @@ impl HostState {
         }
     }
 
+    /// The tenant the current execution serves.
+    pub(super) fn tenant(&self) -> Option<Arc<str>> {
+        self.tenant.clone()
+    }
+
     /// The guest's resource table (its response senders live there).
     pub(super) fn table(&mut self) -> &mut ResourceTable {
         &mut self.table

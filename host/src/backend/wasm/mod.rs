@@ -426,6 +426,9 @@ pub struct WasmInstance {
     pre: Arc<WasmModel>,
     /// `None` after a trap or a deadline: the next execution starts a fresh instance.
     live: Option<Live>,
+    /// Whom a decoupled handler's `resume` works for: the request id and tenant of the last
+    /// batch it took (its BLS calls are metered and logged under them).
+    resume_for: (u64, Option<Arc<str>>),
 }
 
 impl ModelInstance for WasmInstance {
@@ -459,6 +462,7 @@ impl WasmInstance {
         WasmInstance {
             pre,
             live: Some(live),
+            resume_for: (0, None),
         }
     }
 
@@ -499,6 +503,7 @@ impl WasmInstance {
             );
         }
         if matches!(live.bindings, Bindings::Decoupled(_)) {
+            self.resume_for = (request_id, live.store.data().tenant());
             return self.run_decoupled(live, batch, t0).await;
         }
         let requests: Vec<_> = batch
@@ -657,11 +662,12 @@ impl WasmInstance {
     async fn resume_decoupled(&mut self) -> Option<Duration> {
         let mut live = self.live.take()?;
         let limits = &self.pre.limits;
+        let (request_id, tenant) = self.resume_for.clone();
         live.store.data_mut().begin_execution(
             vec![self.pre.name.clone()],
             limits.execute_deadline,
-            0,
-            None,
+            request_id,
+            tenant,
             tracing::Span::none(),
         );
         live.store.set_epoch_deadline(1);
