@@ -669,7 +669,7 @@ pub fn render_prometheus(models: &[ModelMetrics<'_>], labeled: &[LabeledFamily])
         (
             "tessera_sequences_live",
             "gauge",
-            "Sequences of a stateful model holding a slot now",
+            "Sequences of a stateful model started and not yet ended or released (a slot each, or waiting for one)",
             |s| s.live,
         ),
         (

@@ -99,12 +99,20 @@ pub struct SequenceCounts {
 
 struct Sequence {
     id: CorrelationId,
-    /// Its state between requests; holding the lock is the request's turn.
-    state: tokio::sync::Mutex<Vec<Tensor>>,
+    /// Holding the lock is a request's turn.
+    turn: tokio::sync::Mutex<Turn>,
     last_used: Mutex<Instant>,
     /// Ended, or released for idleness: later requests are refused.
     closed: AtomicBool,
-    _slot: OwnedSemaphorePermit,
+}
+
+/// What a sequence holds between its requests.
+struct Turn {
+    /// Its implicit state.
+    state: Vec<Tensor>,
+    /// Its slot, taken by its first request (which waits for one when all are taken, and the
+    /// sequence's later requests wait behind it, as in Triton's backlog).
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Sequence {
@@ -233,22 +241,35 @@ impl Sequencer {
     {
         let flags = self.flags(&request)?;
         let sequence = if flags.start {
-            self.start(&flags.id).await
+            self.start(&flags.id)
         } else {
             self.lock()
                 .get(&flags.id)
                 .cloned()
                 .ok_or_else(|| self.not_started(&flags.id))?
         };
-        let mut state = sequence.state.lock().await;
+        let mut turn = sequence.turn.lock().await;
         if sequence.closed.load(Ordering::Acquire) {
             return Err(self.not_started(&flags.id));
         }
-        self.fill(&mut request, &flags, &state)?;
+        if turn.slot.is_none() {
+            let slot = self
+                .slots
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| InferError::unavailable("the model is being unloaded"))?;
+            turn.slot = Some(slot);
+            // Started over (a new START for the id) while it waited for the slot.
+            if sequence.closed.load(Ordering::Acquire) {
+                return Err(self.not_started(&flags.id));
+            }
+        }
+        self.fill(&mut request, &flags, &turn.state)?;
         let result = run(request).await;
         sequence.touch();
         let response = match result {
-            Ok(response) => self.take_state(response, &mut state),
+            Ok(response) => self.take_state(response, &mut turn.state),
             Err(e) => Err(e),
         };
         if flags.end {
@@ -259,26 +280,17 @@ impl Sequencer {
         response
     }
 
-    /// A new sequence for `id`, in a free slot (waiting for one when all are taken). A start for
-    /// an id that is live ends the old sequence: its state is dropped.
-    async fn start(&self, id: &CorrelationId) -> Arc<Sequence> {
-        let slot = loop {
-            match self.slots.clone().try_acquire_owned() {
-                Ok(slot) => break slot,
-                Err(_) => {
-                    // Full: wait for a slot (a sequence's end or expiry frees one).
-                    if let Ok(slot) = self.slots.clone().acquire_owned().await {
-                        break slot;
-                    }
-                }
-            }
-        };
+    /// A new sequence for `id`; its first request takes a slot. A start for an id that is live
+    /// ends the old sequence: its state is dropped and its slot freed once its requests are done.
+    fn start(&self, id: &CorrelationId) -> Arc<Sequence> {
         let sequence = Arc::new(Sequence {
             id: id.clone(),
-            state: tokio::sync::Mutex::new(self.states.iter().map(|s| s.initial.clone()).collect()),
+            turn: tokio::sync::Mutex::new(Turn {
+                state: self.states.iter().map(|s| s.initial.clone()).collect(),
+                slot: None,
+            }),
             last_used: Mutex::new(Instant::now()),
             closed: AtomicBool::new(false),
-            _slot: slot,
         });
         if let Some(old) = self.lock().insert(id.clone(), sequence.clone()) {
             old.closed.store(true, Ordering::Release);
@@ -634,7 +646,7 @@ async fn release_idle(sequencer: Weak<Sequencer>, idle: Duration) {
             .lock()
             .values()
             // A sequence whose request is running is not idle.
-            .filter(|s| s.idle_for() > idle && s.state.try_lock().is_ok())
+            .filter(|s| s.idle_for() > idle && s.turn.try_lock().is_ok())
             .cloned()
             .collect();
         for sequence in expired {

@@ -394,3 +394,66 @@ def test_an_ensemble_over_a_decoupled_model_is_refused_at_load(request, tmp_path
         assert "decoupled" in rows["repeat_ensemble"]["reason"], rows["repeat_ensemble"]
     finally:
         stop(proc, log, keep=request.session.testsfailed > failed_before)
+
+
+def test_many_pipelined_requests_on_one_stream_all_complete(server):
+    """80 requests of 50 responses each pipelined on one gRPC stream to repeat_int32 (one
+    instance, which interleaves its streams): every request that was started is read, so none
+    waits on another (a limit on the streams read at once stalled them all)."""
+    stream = Stream(server)
+    try:
+        for i in range(80):
+            stream.client.async_stream_infer("repeat_int32",
+                                             repeat_inputs(list(range(50)), [0] * 50, 0),
+                                             request_id=str(i), enable_empty_final_response=True)
+        finals, counts = 0, {}
+        while finals < 80:
+            result, error = stream.get()
+            assert error is None, error
+            response = result.get_response()
+            if final_flag(result):
+                finals += 1
+            else:
+                counts[response.id] = counts.get(response.id, 0) + 1
+        assert counts == {str(i): 50 for i in range(80)}
+    finally:
+        stream.close()
+
+
+def test_a_client_that_stops_reading_loses_its_request_not_the_model(request, tmp_path):
+    """stream_probe with a 1.5 s execution deadline: a reader that takes nothing for that long
+    has its request ended with a timeout, the handler stops at its next send, and another
+    client's request on the same (one-instance) model goes through."""
+    shutil.copytree(REPO_ROOT / "tests" / "fixtures" / "model_repository" / "stream_probe",
+                    tmp_path / "stream_probe")
+    config = tmp_path / "stream_probe" / "config.pbtxt"
+    config.write_text(config.read_text() + '\nparameters [ { key: "execute_deadline_ms" '
+                      'value: { string_value: "1500" } } ]\n')
+    failed_before = request.session.testsfailed
+    srv, proc, log = launch(binary(), ["--model-repository", str(tmp_path)])
+    channel, stub = _stub(srv)
+    release = threading.Event()
+
+    def requests():
+        yield probe_request(100_000, 64 << 10)
+        release.wait(60)
+
+    try:
+        stalled = stub.ModelStreamInfer(requests(), timeout=60)
+        assert next(stalled).error_message == ""
+        # Meanwhile the stalled reader reads nothing; another client is served.
+        started = time.monotonic()
+        answers = list(stub.ModelStreamInfer(iter([probe_request(3, 8)]), timeout=30))
+        assert len(answers) == 3 and all(a.error_message == "" for a in answers)
+        assert time.monotonic() - started < 15
+        # The stalled reader gets what was buffered, then the reason its request ended.
+        last = None
+        for answer in stalled:
+            last = answer
+            if answer.error_message:
+                break
+        assert last is not None and "read nothing" in last.error_message, last
+    finally:
+        release.set()
+        channel.close()
+        stop(proc, log, keep=request.session.testsfailed > failed_before)

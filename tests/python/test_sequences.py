@@ -216,6 +216,12 @@ def test_idle_sequences_are_released_and_a_full_set_of_slots_makes_the_next_wait
         fifth = threading.Thread(target=lambda: answered.append(
             sum_step(grpc_client(seq_server), 9200, 7, start=True)))
         fifth.start()
+        # The fifth is known (waiting for a slot): its next request waits behind it, as in
+        # Triton's backlog, instead of being refused.
+        wait_for(lambda: metric(seq_server, "tessera_sequences_live", "sequence_sum") == 5)
+        second = threading.Thread(target=lambda: answered.append(
+            sum_step(grpc_client(seq_server), 9200, 3)))
+        second.start()
         # Keep the four alive (under the idle limit) while the fifth waits for a slot.
         for _ in range(3):
             time.sleep(0.1)
@@ -224,7 +230,8 @@ def test_idle_sequences_are_released_and_a_full_set_of_slots_makes_the_next_wait
         assert answered == [], "the fifth sequence got a slot while all four were taken"
         sum_step(client, 9100, 0, end=True)
         fifth.join(timeout=10)
-        assert answered == [(7, "9200", 0.0)]
+        second.join(timeout=10)
+        assert answered == [(7, "9200", 0.0), (10, "9200", 0.0)]
     finally:
         client.close()
 

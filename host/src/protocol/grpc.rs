@@ -201,7 +201,19 @@ impl Grpc {
                     Ok(response) => Some(final_marked(response, last)),
                     Err(e) => Some(failed(id, &e)),
                 },
-                Some(Err(e)) => Some(failed(id, &e.for_client(verbose, request_id))),
+                Some(Err(e)) => {
+                    let mut answer = failed(id, &e.for_client(verbose, request_id));
+                    // An error that ends a stream is its final response, and says so.
+                    if let Some(response) = answer.infer_response.as_mut() {
+                        response.parameters.insert(
+                            "triton_final_response".to_owned(),
+                            tessera_core::grpc::to_pb_parameter(&crate::infer::ParamValue::Bool(
+                                last,
+                            )),
+                        );
+                    }
+                    Some(answer)
+                }
                 None if empty_final => Some(final_marked(
                     pb::ModelInferResponse {
                         id,
@@ -382,7 +394,11 @@ impl GrpcInferenceService for Grpc {
                 Ok(answers) => answers.map(Ok).boxed(),
                 Err(status) => futures::stream::once(async { Err(status) }).boxed(),
             })
-            .flatten_unordered(STREAM_CONCURRENCY);
+            // Every request that was started is read: a limit here would leave a started
+            // stream unread while its model waits on it to take more (a decoupled handler
+            // interleaving its streams would stall them all). What bounds them is admission
+            // (--max-inflight-requests) and `buffered`'s limit on requests being started.
+            .flatten_unordered(None);
         Ok(Response::new(Box::pin(answers)))
     }
 

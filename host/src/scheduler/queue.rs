@@ -200,6 +200,8 @@ impl Queue {
 
     pub fn close(&self) {
         self.lock().closed = true;
+        // Every waiter: the batcher, and instances serving open streams between batches.
+        self.notify.notify_waiters();
         self.notify.notify_one();
     }
 

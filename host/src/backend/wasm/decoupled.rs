@@ -11,13 +11,12 @@
 //! when the guest says it has nothing more to do, ends its stream with an error; a trap ends
 //! them all.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::Resource;
 
 use super::convert;
-use super::host::HostState;
+use super::host::{BlockedTime, HostState};
 use super::tessera::inference::types;
 use crate::infer::InferError;
 use crate::stream::{ResponseSender, SendError};
@@ -53,16 +52,27 @@ pub fn senders_for(
     host: &mut HostState,
     senders: Vec<ResponseSender>,
 ) -> wasmtime::Result<Vec<Resource<StreamSender>>> {
-    senders
-        .into_iter()
-        .map(|sender| {
-            let resource = host.table().push(StreamSender {
-                sender: sender.clone(),
-            })?;
-            host.streams.hold(resource.rep(), sender);
-            Ok(resource)
-        })
-        .collect()
+    let mut handed = Vec::with_capacity(senders.len());
+    for sender in senders {
+        match host.table().push(StreamSender {
+            sender: sender.clone(),
+        }) {
+            Ok(resource) => {
+                host.streams.hold(resource.rep(), sender);
+                handed.push(resource);
+            }
+            Err(e) => {
+                // The guest never gets these: take back the ones already in its table.
+                for resource in handed {
+                    let rep = resource.rep();
+                    let _ = host.table().delete(resource);
+                    host.streams.release(rep);
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(handed)
 }
 
 /// Waits for a guest call at most `limit` of the guest's own time: time its sends spent
@@ -70,18 +80,18 @@ pub fn senders_for(
 pub async fn within_deadline<F: std::future::Future>(
     call: F,
     limit: Duration,
-    blocked: &AtomicU64,
+    blocked: &BlockedTime,
 ) -> Option<F::Output> {
     let started = Instant::now();
-    let blocked_before = blocked.load(Ordering::Relaxed);
+    let blocked_before = blocked.so_far();
     tokio::pin!(call);
     let mut deadline = started + limit;
     loop {
         tokio::select! {
             output = &mut call => return Some(output),
             _ = tokio::time::sleep_until(deadline.into()) => {
-                let waited = blocked.load(Ordering::Relaxed).saturating_sub(blocked_before);
-                let extended = started + limit + Duration::from_nanos(waited);
+                let waited = blocked.so_far().saturating_sub(blocked_before);
+                let extended = started + limit + waited;
                 if extended <= Instant::now() {
                     return None;
                 }
@@ -103,7 +113,10 @@ impl HostState {
         self.table().get(this).ok().map(|s| s.sender.clone())
     }
 
-    /// Sends one message, counting the time it waited for the reader.
+    /// Sends one message, counting the time it waited for the reader. A reader that takes
+    /// nothing for as long as the handler's execution deadline loses its request: the stream
+    /// ends with a timeout error and the handler sees `cancelled`, so one stalled client cannot
+    /// hold the instance (and every stream on it) for ever.
     async fn send_message(
         &mut self,
         this: &Resource<StreamSender>,
@@ -113,13 +126,23 @@ impl HostState {
         let Some(sender) = self.sender(this) else {
             return Err(streaming::SendError::Closed);
         };
-        let started = Instant::now();
-        let sent = sender.send(result, last).await;
-        self.streams.blocked.fetch_add(
-            u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        sent.map_err(send_error)
+        let patience = self.streams.max_send_wait;
+        self.streams.blocked.begin();
+        let sent = tokio::time::timeout(patience, sender.send(result, last)).await;
+        self.streams.blocked.end();
+        match sent {
+            Ok(sent) => sent.map_err(send_error),
+            Err(_) => {
+                sender.fail(InferError::new(
+                    crate::infer::ErrorKind::Timeout,
+                    format!(
+                        "the client read nothing for {} ms (the model's execution deadline); the request was ended",
+                        patience.as_millis()
+                    ),
+                ));
+                Err(streaming::SendError::Cancelled)
+            }
+        }
     }
 }
 

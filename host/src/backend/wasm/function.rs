@@ -297,7 +297,8 @@ impl WasmFunction {
         // The guest runs in its own task: it may go on writing the body after the head is sent.
         let task = tokio::spawn(async move {
             let _permit = permit;
-            this.stats.live.fetch_add(1, Ordering::Relaxed);
+            // Counted down on every way out, an abort at the time limit included.
+            let _live = LiveInvocation::enter(this.clone());
             let instantiating = Instant::now();
             let outcome = match this.pre.instantiate_async(&mut store).await {
                 Ok(proxy) => {
@@ -326,7 +327,6 @@ impl WasmFunction {
             };
             store.data_mut().flush_output(&this.name, 0);
             store.data_mut().end_execution();
-            this.stats.live.fetch_sub(1, Ordering::Relaxed);
             outcome
         });
 
@@ -388,5 +388,21 @@ impl WasmFunction {
             message = format!("{message} (stderr: {})", host.last_stderr);
         }
         self.failed(message)
+    }
+}
+
+/// One invocation running, in `tessera_function_instances_live`.
+struct LiveInvocation(Arc<WasmFunction>);
+
+impl LiveInvocation {
+    fn enter(function: Arc<WasmFunction>) -> LiveInvocation {
+        function.stats.live.fetch_add(1, Ordering::Relaxed);
+        LiveInvocation(function)
+    }
+}
+
+impl Drop for LiveInvocation {
+    fn drop(&mut self) {
+        self.0.stats.live.fetch_sub(1, Ordering::Relaxed);
     }
 }

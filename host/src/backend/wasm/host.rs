@@ -249,16 +249,19 @@ impl AsyncWrite for OutputSink {
 pub struct Streams {
     /// The senders the guest holds, by resource index; removed when it drops them.
     open: HashMap<u32, ResponseSender>,
-    /// Nanoseconds sends spent waiting for readers (not charged to the execution deadline).
-    pub blocked: Arc<AtomicU64>,
+    /// Time sends spent waiting for readers (not charged to the execution deadline).
+    pub blocked: Arc<BlockedTime>,
+    /// How long one send may wait for its reader (the execution deadline).
+    pub(super) max_send_wait: std::time::Duration,
     pub(super) max_output_bytes: usize,
 }
 
 impl Streams {
-    pub fn new(max_output_bytes: usize) -> Streams {
+    pub fn new(max_output_bytes: usize, max_send_wait: std::time::Duration) -> Streams {
         Streams {
             open: HashMap::new(),
             blocked: Arc::default(),
+            max_send_wait,
             max_output_bytes,
         }
     }
@@ -283,6 +286,38 @@ impl Streams {
         for sender in self.open.values() {
             sender.fail(error.clone());
         }
+    }
+}
+
+/// Time a guest's sends spent waiting for their readers, the current wait included.
+#[derive(Default)]
+pub struct BlockedTime {
+    total_ns: AtomicU64,
+    since: Mutex<Option<std::time::Instant>>,
+}
+
+impl BlockedTime {
+    /// A send starts waiting.
+    pub fn begin(&self) {
+        *self.since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    /// The send is done.
+    pub fn end(&self) {
+        if let Some(since) = self.since.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.total_ns.fetch_add(waited, Ordering::Relaxed);
+        }
+    }
+
+    /// All the waiting so far, a send still waiting included.
+    pub fn so_far(&self) -> std::time::Duration {
+        let ongoing = self
+            .since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map_or(std::time::Duration::ZERO, |since| since.elapsed());
+        std::time::Duration::from_nanos(self.total_ns.load(Ordering::Relaxed)) + ongoing
     }
 }
 
@@ -395,7 +430,7 @@ impl HostState {
             outgoing: OutgoingPolicy {
                 allowed_hosts: guest.allowed_hosts.clone(),
             },
-            streams: Streams::new(limits.max_output_bytes),
+            streams: Streams::new(limits.max_output_bytes, limits.execute_deadline),
         }
     }
 
