@@ -24,6 +24,7 @@ import re
 import subprocess
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,3 +239,32 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     else:
         # Nothing to look at: leave nothing behind. A failed run keeps its log for inspection.
         shutil.rmtree(_SERVER_LOG.parent, ignore_errors=True)
+
+
+def metric(srv: Server, name: str, model: str | None = None) -> float:
+    """A sample of the server's /metrics: the first line of family `name` (for `model`)."""
+    conn = http.client.HTTPConnection(srv.host, srv.metrics_port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    for line in text.splitlines():
+        if line.startswith(name) and (model is None or f'model="{model}"' in line):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    """Waits until `condition()` holds: tests wait on observable state, not on time."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def in_threads(run, count: int) -> None:
+    """Runs `run(k)` for k in 0..count on threads at once and waits for all of them."""
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPO_ROOT, binary, launch, stop
+from conftest import REPO_ROOT, binary, launch, metric, stop, wait_for
 
 
 def repeat_inputs(values, delays, wait):
@@ -198,17 +198,6 @@ def rss_bytes(proc) -> int:
     raise AssertionError("no VmRSS")
 
 
-def metric(srv, name: str, model: str | None = None) -> float:
-    conn = http.client.HTTPConnection(srv.host, srv.metrics_port, timeout=10)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
-    for line in text.splitlines():
-        if line.startswith(name) and (model is None or f'model="{model}"' in line):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no {name} in /metrics")
-
-
 def test_a_slow_reader_slows_the_sender_and_memory_stays_bounded(probe_server):
     """10,000 responses of 16 KiB (160 MiB in all) to a reader that stops for a while: the
     handler waits at its sends, so the server holds a few buffered responses, not the stream."""
@@ -268,10 +257,8 @@ def test_cancelled_streams_stop_their_handler_and_leave_nothing_behind(probe_ser
         assert grown < 64 << 20, f"the server grew {grown >> 20} MiB over 1,000 cancelled streams"
         assert metric(srv, "tessera_wasm_live_instances") == instances
         # The server sees the last cancellations a moment after the client sends them.
-        deadline = time.monotonic() + 10
-        while (metric(srv, "tessera_inference_cancelled_streams", "stream_probe") < cancelled + 1000
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
+        wait_for(lambda: metric(srv, "tessera_inference_cancelled_streams", "stream_probe")
+                 >= cancelled + 1000)
         assert metric(srv, "tessera_inference_cancelled_streams", "stream_probe") == cancelled + 1000
         # And it keeps serving: a whole stream goes through.
         answers = list(stub.ModelStreamInfer(iter([probe_request(5, 8)]), timeout=30))

@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from conftest import binary, launch, stop
+from conftest import binary, in_threads, launch, metric, stop, wait_for
 
 VALUES = [11, 7, 5, 3, 2, 0, 1]
 
@@ -153,11 +153,7 @@ def test_interleaved_sequences_keep_their_own_state_in_a_wasm_handler(seq_server
         finally:
             client.close()
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(run, 4)
     assert failures == []
 
 
@@ -177,24 +173,6 @@ def test_an_onnx_model_gets_its_implicit_state_from_the_host(seq_server):
         assert step(77, 5.0, start=True) == 5.0, "a new START resets the state"
     finally:
         client.close()
-
-
-def metric(srv, name: str, model: str) -> float:
-    conn = http.client.HTTPConnection(srv.host, srv.metrics_port, timeout=10)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
-    for line in text.splitlines():
-        if line.startswith(name) and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no {name} for {model} in /metrics")
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def test_idle_sequences_are_released_and_a_full_set_of_slots_makes_the_next_wait(seq_server):

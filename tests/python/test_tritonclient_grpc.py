@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import queue
-import threading
 
 import numpy as np
 import onnx
@@ -16,7 +15,7 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from conftest import MODEL_REPOSITORY
+from conftest import MODEL_REPOSITORY, in_threads
 
 
 @pytest.fixture(scope="session")
@@ -321,9 +320,5 @@ def test_several_streams_at_once(server):
             client.stop_stream()
             client.close()
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(run, 4)
     assert failures == []

@@ -120,8 +120,7 @@ impl Grpc {
         trace: crate::protocol::TraceContext,
         message: pb::ModelInferRequest,
     ) -> Result<pb::ModelInferResponse, InferError> {
-        let model = message.model_name.clone();
-        let version = parse_version(&message.model_version)?;
+        let (model, version) = target_of(&message)?;
         let decode = |regions: &dyn RegionReader| decode_request(message, regions);
         let request = crate::protocol::ClientRequest {
             model: &model,
@@ -163,8 +162,7 @@ impl Grpc {
             }),
         };
         let started = async {
-            let model = message.model_name.clone();
-            let version = parse_version(&message.model_version)?;
+            let (model, version) = target_of(&message)?;
             let decode = |regions: &dyn RegionReader| decode_request(message, regions);
             let request = crate::protocol::ClientRequest {
                 model: &model,
@@ -227,6 +225,14 @@ impl Grpc {
         })
         .right_stream()
     }
+}
+
+/// The model and version a request names.
+fn target_of(message: &pb::ModelInferRequest) -> Result<(String, Option<i64>), InferError> {
+    Ok((
+        message.model_name.clone(),
+        parse_version(&message.model_version)?,
+    ))
 }
 
 /// A stream message with Triton's `triton_final_response` parameter.
