@@ -108,6 +108,15 @@ impl ResponseSender {
         self.tx.closed().await;
     }
 
+    /// A handle that does not keep the stream open: a stream whose every sender is gone ends
+    /// (with an error if no final message was sent) even while weak handles remain.
+    pub fn downgrade(&self) -> WeakResponseSender {
+        WeakResponseSender {
+            tx: self.tx.downgrade(),
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Checks that a message may still be sent, and marks the stream finished if it is `last`.
     fn claim(&self, last: bool) -> Result<(), SendError> {
         if self.is_cancelled() {
@@ -123,6 +132,22 @@ impl ResponseSender {
         } else {
             Ok(())
         }
+    }
+}
+
+/// A [`ResponseSender`] that does not keep the stream open ([`ResponseSender::downgrade`]).
+pub struct WeakResponseSender {
+    tx: mpsc::WeakSender<StreamMessage>,
+    shared: Arc<Shared>,
+}
+
+impl WeakResponseSender {
+    /// The sender, while some other sender keeps the stream open.
+    pub fn upgrade(&self) -> Option<ResponseSender> {
+        Some(ResponseSender {
+            tx: self.tx.upgrade()?,
+            shared: self.shared.clone(),
+        })
     }
 }
 
@@ -226,17 +251,21 @@ impl ResponseStream {
         if let Some(inspect) = &self.inspect {
             inspect(&message);
         }
+        let result = match (message.result, &self.finish) {
+            (Some(Ok(response)), Some(finish)) => Some(finish(response)),
+            (result, _) => result,
+        };
         if message.last {
             self.ended = true;
-            // Done: admission ends now, not when the reader drops the stream.
+            // Done: admission, and what the model's version holds for the stream, end now,
+            // not when the reader drops the stream.
             self.guards.clear();
+            self.finish = None;
+            self.inspect = None;
             self.rx.close();
         }
         Some(StreamMessage {
-            result: match (message.result, &self.finish) {
-                (Some(Ok(response)), Some(finish)) => Some(finish(response)),
-                (result, _) => result,
-            },
+            result,
             last: message.last,
         })
     }
@@ -306,6 +335,17 @@ mod tests {
             Some("trapped".to_owned())
         );
         assert!(rx.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_weak_sender_does_not_keep_the_stream_open() {
+        let (tx, mut rx) = channel();
+        let weak = tx.downgrade();
+        assert!(weak.upgrade().is_some(), "the sender is alive");
+        drop(tx);
+        let end = rx.next().await.expect("an end");
+        assert!(end.last && matches!(end.result, Some(Err(_))));
+        assert!(weak.upgrade().is_none());
     }
 
     #[tokio::test]

@@ -84,15 +84,14 @@ impl Scheduler {
         let claim = queue::Claim::default();
         if let (Some(deadline), TimeoutAction::Reject) = (deadline, queue_policy.timeout_action) {
             // Past the queue timeout and still queued: the batcher will skip it; end the stream.
-            let (claim, sender) = (claim.clone(), sender.clone());
+            // A weak handle: the timer must not keep a stream open that its model ended.
+            let (claim, sender) = (claim.clone(), sender.downgrade());
             tokio::spawn(async move {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(deadline) => {
-                        if claim.cancel() {
-                            sender.fail(queue::timeout_error());
-                        }
-                    }
-                    _ = sender.cancelled() => {}
+                tokio::time::sleep_until(deadline).await;
+                if let Some(sender) = sender.upgrade()
+                    && claim.cancel()
+                {
+                    sender.fail(queue::timeout_error());
                 }
             });
         }

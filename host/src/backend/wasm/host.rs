@@ -277,8 +277,13 @@ impl Streams {
     }
 
     /// Whether a sender the guest holds has not sent its final response.
+    /// Whether a sender the guest holds still has a caller waiting: not finished, not
+    /// cancelled. Streams whose callers have gone give the instance no work, so a guest that
+    /// keeps such a sender is not resumed for it (its next send fails with `cancelled`).
     pub fn any_open(&self) -> bool {
-        self.open.values().any(|s| !s.is_finished())
+        self.open
+            .values()
+            .any(|s| !s.is_finished() && !s.is_cancelled())
     }
 
     /// Ends every stream still open with `error` (the guest trapped, or has nothing more to do).
