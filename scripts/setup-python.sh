@@ -21,6 +21,11 @@ PINS=(
   "grpcio==1.85.1"
   "pytest==9.2.0"
   "pillow==13.0.0"
+  # The LLM: the GGUF reader that derives the tokenizer, the tokenizer library the tests
+  # check against, and the official OpenAI client as the test client.
+  "gguf==0.19.0"
+  "tokenizers==0.23.3"
+  "openai==3.57.0"
 )
 
 if [ ! -x .venv/bin/python ]; then

@@ -1267,7 +1267,10 @@ fn prepare(
             Err(e) => return fail(entry, e.to_string()),
         }
     }
-    if let Some(reason) = config::unsupported_settings(&config, kind == BackendKind::Wasm) {
+    if let Some(reason) = config::unsupported_settings(
+        &config,
+        matches!(kind, BackendKind::Wasm | BackendKind::Llm),
+    ) {
         return fail(entry, reason);
     }
     for ignored in config::ignored_settings(&config) {

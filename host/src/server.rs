@@ -154,6 +154,8 @@ pub struct Server {
     functions_inference: Weak<dyn Inference>,
     /// Set when shutdown begins: readiness drops before anything else stops.
     stopping: std::sync::atomic::AtomicBool,
+    /// The LLM engines' figures for `/metrics`.
+    llm_metrics: Arc<crate::backend::llm::metrics::EngineRegistry>,
 }
 
 /// The statistics of one model version.
@@ -219,9 +221,14 @@ impl Server {
         } else {
             None
         };
+        let llm_metrics = Arc::new(crate::backend::llm::metrics::EngineRegistry::default());
         let backends = Backends::new(devices.clone())
             .with(BackendKind::Onnx, Arc::new(OnnxBackend))
             .with(BackendKind::Wasm, Arc::new(WasmBackend(wasm.clone())))
+            .with(
+                BackendKind::Llm,
+                Arc::new(crate::backend::llm::LlmBackend(llm_metrics.clone())),
+            )
             .with(
                 BackendKind::Ensemble,
                 Arc::new(EnsembleBackend {
@@ -253,6 +260,7 @@ impl Server {
                 functions_inference: me.clone(),
                 gpu_metrics,
                 stopping: std::sync::atomic::AtomicBool::new(false),
+                llm_metrics,
             }
         });
         let startup = match (&server.options.startup_models, server.options.control_mode) {
@@ -816,6 +824,7 @@ impl Server {
             .collect();
         let mut text = crate::metrics::render_prometheus(&models, &self.wasm.counters.families());
         self.functions.render_metrics(&mut text);
+        self.llm_metrics.render(&mut text);
         self.tenants.render_metrics(&mut text);
         let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
         let mut family = crate::metrics::Family::start(

@@ -241,16 +241,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         shutil.rmtree(_SERVER_LOG.parent, ignore_errors=True)
 
 
-def metric(srv: Server, name: str, model: str | None = None) -> float:
-    """A sample of the server's /metrics: the first line of family `name` (for `model`)."""
+def metric(srv: Server, name: str, model: str | None = None, **labels: str) -> float:
+    """A sample of the server's /metrics: the first line of `name` (a family, or a histogram's
+    `_bucket`, `_count`, ...) with `model` and every label in `labels`."""
     conn = http.client.HTTPConnection(srv.host, srv.metrics_port, timeout=10)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    if model is not None:
+        wanted.append(f'model="{model}"')
     for line in text.splitlines():
-        if line.startswith(name) and (model is None or f'model="{model}"' in line):
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(
+                w in line for w in wanted):
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no {name} in /metrics")
+    raise AssertionError(f"no {name} {wanted} in /metrics")
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:

@@ -41,6 +41,18 @@ pub enum SendError {
     Closed,
 }
 
+/// Why [`ResponseSender::try_send`] did not send.
+#[derive(Debug, thiserror::Error)]
+pub enum TrySendError {
+    /// The reader's buffer is full; the message comes back.
+    #[error("the reader's buffer is full")]
+    Full(Box<StreamMessage>),
+    #[error("the caller cancelled the request")]
+    Cancelled,
+    #[error("the final response was already sent")]
+    Closed,
+}
+
 struct Shared {
     /// The last message went out (by the model or by the host on its behalf).
     finished: AtomicBool,
@@ -71,6 +83,25 @@ impl ResponseSender {
             .send(StreamMessage { result, last })
             .await
             .map_err(|_| SendError::Cancelled)
+    }
+
+    /// Sends one message if the reader's buffer has room, without waiting: how a sender that
+    /// serves many streams (an LLM engine's token loop) keeps one slow reader from holding up
+    /// the others.
+    pub fn try_send(&self, result: Option<InferResult>, last: bool) -> Result<(), TrySendError> {
+        let permit = match self.tx.try_reserve() {
+            Ok(permit) => permit,
+            Err(mpsc::error::TrySendError::Full(())) => {
+                return Err(TrySendError::Full(Box::new(StreamMessage { result, last })));
+            }
+            Err(mpsc::error::TrySendError::Closed(())) => return Err(TrySendError::Cancelled),
+        };
+        self.claim(last).map_err(|e| match e {
+            SendError::Cancelled => TrySendError::Cancelled,
+            SendError::Closed => TrySendError::Closed,
+        })?;
+        permit.send(StreamMessage { result, last });
+        Ok(())
     }
 
     /// Ends the stream with `error` unless it has ended already, without waiting: an error is
@@ -236,10 +267,28 @@ impl ResponseStream {
     /// The next message; `None` after the last one. A stream whose senders all went away
     /// without a last message ends with an error.
     pub async fn next(&mut self) -> Option<StreamMessage> {
-        if self.ended {
-            return None;
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// The next message if one has arrived (`Some(None)`: the stream has ended), without
+    /// waiting; `None` when there is nothing yet.
+    pub fn try_next(&mut self) -> Option<Option<StreamMessage>> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match self.poll_next(&mut cx) {
+            std::task::Poll::Ready(message) => Some(message),
+            std::task::Poll::Pending => None,
         }
-        let message = match self.rx.recv().await {
+    }
+
+    /// [`ResponseStream::next`] as a poll: how one waits on many streams at once.
+    pub fn poll_next(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<StreamMessage>> {
+        if self.ended {
+            return std::task::Poll::Ready(None);
+        }
+        let message = match std::task::ready!(self.rx.poll_recv(cx)) {
             Some(message) => message,
             None => StreamMessage {
                 result: Some(Err(InferError::internal(
@@ -264,10 +313,10 @@ impl ResponseStream {
             self.inspect = None;
             self.rx.close();
         }
-        Some(StreamMessage {
+        std::task::Poll::Ready(Some(StreamMessage {
             result,
             last: message.last,
-        })
+        }))
     }
 }
 

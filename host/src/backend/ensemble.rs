@@ -76,7 +76,8 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         let target = inference
             .metadata(&cx, &step.model_name, version)
             .map_err(|e| LoadError::invalid(format!("{label}: {}", e.message)))?;
-        if target.decoupled {
+        // An LLM engine is decoupled but answers a request that does not stream once.
+        if target.decoupled && target.platform != "llamacpp" {
             return Err(LoadError::unsupported(format!(
                 "{label} is a decoupled model: an ensemble's steps answer once (call it from a handler with infer-stream instead)"
             )));

@@ -15,6 +15,7 @@ use crate::infer::{BoxFuture, Call, InferResult, Inference};
 use crate::metrics::ExecutionTiming;
 
 pub mod ensemble;
+pub mod llm;
 pub mod onnx;
 pub mod wasm;
 
@@ -53,6 +54,26 @@ pub trait ModelInstance: Send + 'static {
     /// (`None`: it has nothing more to do).
     fn resume(&mut self) -> BoxFuture<'_, Option<std::time::Duration>> {
         Box::pin(async { None })
+    }
+
+    /// Ready when something the instance's open work waits on has happened (a decoupled
+    /// handler: a response arrived on a stream it reads), so the scheduler resumes it then
+    /// rather than only when the time it asked for is up.
+    fn work_ready(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
+
+    /// How many more requests the instance takes while it has open work (an LLM engine: its
+    /// free sequence slots). Requests beyond it wait in the queue.
+    fn capacity(&self) -> usize {
+        usize::MAX
+    }
+
+    /// Whether the instance answers every request through its stream, a unary call included
+    /// (an LLM engine). The scheduler then queues unary calls as streams and reads their one
+    /// response.
+    fn answers_through_streams(&self) -> bool {
+        false
     }
 }
 

@@ -38,6 +38,8 @@ pub struct Executor {
 pub struct Scheduler {
     queue: Arc<Queue>,
     policy: Arc<BatchPolicy>,
+    /// The instances answer every request through a stream, unary calls included.
+    streams_only: bool,
 }
 
 impl Scheduler {
@@ -52,6 +54,9 @@ impl Scheduler {
         let policy = Arc::new(policy);
         let (idle_tx, idle_rx) = mpsc::unbounded_channel();
         let in_place = instances.len() == 1 && instances[0].instance.executes_in_task();
+        let streams_only = instances
+            .first()
+            .is_some_and(|e| e.instance.answers_through_streams());
         for instance in instances {
             // The receiver is alive: it is moved into the batcher below.
             let _ = idle_tx.send(instance);
@@ -65,7 +70,11 @@ impl Scheduler {
             stats,
             limiter,
         ));
-        Scheduler { queue, policy }
+        Scheduler {
+            queue,
+            policy,
+            streams_only,
+        }
     }
 
     /// Queues a request for a decoupled model: its responses come through the stream (a
@@ -139,6 +148,9 @@ impl Scheduler {
 
     /// Queues `request` and waits for its result.
     pub async fn submit(&self, cx: CallContext, request: InferRequest) -> InferResult {
+        if self.streams_only {
+            return one_response(self.submit_stream(cx, request)?).await;
+        }
         let level = self.policy.level_of(request.priority);
         let queue_policy = self.policy.queue_policy(level);
         let now = Instant::now();
@@ -168,6 +180,27 @@ impl Scheduler {
     pub fn pending_count(&self) -> usize {
         self.queue.len()
     }
+}
+
+/// The one response of a unary call to a model that answers through streams. A request that
+/// streams (an LLM request with `streaming` set) is refused and, by dropping its stream,
+/// cancelled.
+async fn one_response(mut stream: ResponseStream) -> InferResult {
+    let Some(first) = stream.next().await else {
+        return Err(InferError::internal(
+            "the model ended the request without a response",
+        ));
+    };
+    if !first.last {
+        return Err(InferError::invalid(
+            "this request asks for a stream of responses (streaming is set): send it with gRPC ModelStreamInfer or POST .../generate_stream",
+        ));
+    }
+    first.result.unwrap_or_else(|| {
+        Err(InferError::internal(
+            "the model ended the request without a response",
+        ))
+    })
 }
 
 impl Drop for Scheduler {
@@ -254,12 +287,16 @@ async fn run_batch(
 }
 
 /// Serves an instance's open streams to their end: between steps it takes the requests that
-/// have arrived (so new streams join the running ones, in-flight batching), and otherwise
-/// waits as long as the instance asked before resuming it.
+/// have arrived (so new streams join the running ones, in-flight batching) while it has room,
+/// and otherwise waits as long as the instance asked, or until what it waits on is ready,
+/// before resuming it.
 async fn serve_open_work(executor: &mut Executor, shared: &Shared) {
     let mut wait = Some(std::time::Duration::ZERO);
     while executor.instance.has_open_work() {
-        if let Some(batch) = shared.queue.try_batch(&shared.policy) {
+        let capacity = executor.instance.capacity();
+        if capacity > 0
+            && let Some(batch) = shared.queue.try_batch(&shared.policy, capacity)
+        {
             let answers = execute(executor, batch, shared).await;
             answer(answers, None);
             wait = Some(std::time::Duration::ZERO);
@@ -272,6 +309,7 @@ async fn serve_open_work(executor: &mut Executor, shared: &Shared) {
             tokio::select! {
                 _ = tokio::time::sleep(after) => {}
                 _ = shared.queue.arrival() => continue,
+                _ = executor.instance.work_ready() => {}
             }
         }
         let permit = shared.limiter.acquire(&mut executor.share).await;

@@ -228,8 +228,9 @@ impl Queue {
     }
 
     /// A batch of what is queued now, without waiting for more: how an instance with open
-    /// streams takes new requests between the steps of its streams (in-flight batching).
-    pub fn try_batch(&self, policy: &BatchPolicy) -> Option<Vec<Pending>> {
+    /// streams takes new requests between the steps of its streams (in-flight batching), at
+    /// most `max_requests` of them.
+    pub fn try_batch(&self, policy: &BatchPolicy, max_requests: usize) -> Option<Vec<Pending>> {
         let mut state = self.lock();
         let first = pop_live(&mut state)?;
         let mut rows = first.rows;
@@ -239,7 +240,7 @@ impl Queue {
                 &mut state,
                 &mut batch,
                 &mut rows,
-                policy.max_batch_size.max(1),
+                policy.max_batch_size.max(1).min(max_requests),
             );
         }
         drop(state);

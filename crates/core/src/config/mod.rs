@@ -244,6 +244,9 @@ pub enum BackendKind {
     Onnx,
     Wasm,
     Ensemble,
+    /// A generative model run by the LLM engine (llama.cpp on a GGUF file), with TensorRT-LLM's
+    /// tensors.
+    Llm,
 }
 
 impl BackendKind {
@@ -252,13 +255,17 @@ impl BackendKind {
         match (config.platform.as_str(), config.backend.as_str()) {
             ("onnxruntime_onnx", "" | "onnxruntime") | ("", "onnxruntime") => Ok(BackendKind::Onnx),
             ("", "wasm") => Ok(BackendKind::Wasm),
+            ("", "llamacpp") => Ok(BackendKind::Llm),
+            ("", "tensorrtllm") => Err(
+                "backend 'tensorrtllm' runs TensorRT-LLM engines, which tessera does not; serve the model as a GGUF file with backend: \"llamacpp\" (the same input_ids/output_ids tensors, see docs/serving-llms.md)".into(),
+            ),
             ("ensemble", "") => Ok(BackendKind::Ensemble),
             ("", "") => Err("the configuration names neither a platform nor a backend".into()),
             (platform, "") => Err(format!(
-                "platform '{platform}' is not supported by tessera (supported: onnxruntime_onnx, ensemble; backends onnxruntime, wasm)"
+                "platform '{platform}' is not supported by tessera (supported: onnxruntime_onnx, ensemble; backends onnxruntime, wasm, llamacpp)"
             )),
             (_, backend) => Err(format!(
-                "backend '{backend}' is not supported by tessera (supported: onnxruntime, wasm; Python models become Wasm handlers, see docs/writing-handlers.md)"
+                "backend '{backend}' is not supported by tessera (supported: onnxruntime, wasm, llamacpp; Python models become Wasm handlers, see docs/writing-handlers.md)"
             )),
         }
     }
@@ -317,7 +324,7 @@ pub fn unsupported_settings(config: &ModelConfig, streams: bool) -> Option<Strin
     }
     if !streams && decoupled {
         unsupported.push(
-            "model_transaction_policy { decoupled: true } for this backend (only Wasm handlers of the decoupled-model world answer with a stream of responses)",
+            "model_transaction_policy { decoupled: true } for this backend (only Wasm handlers of the decoupled-model world and the llamacpp engine answer with a stream of responses)",
         );
     }
     if !config.batch_input.is_empty() || !config.batch_output.is_empty() {
