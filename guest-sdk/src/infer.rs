@@ -77,6 +77,44 @@ pub struct ResponseStream {
     ended: bool,
 }
 
+/// What [`ResponseStream::try_next`] found.
+#[derive(Debug)]
+pub enum Polled {
+    /// No response yet. A decoupled handler returns from `resume` (with [`crate::Resume::After`]
+    /// as a bound) and is resumed as soon as one of the streams it reads has a response.
+    Pending,
+    /// The next response, or the error that ends the stream.
+    Ready(Result<Response, Error>),
+    /// The stream has ended.
+    Ended,
+}
+
+impl ResponseStream {
+    /// The next response if one has arrived, without waiting: how a decoupled handler reads
+    /// many streams at once (see [`Polled::Pending`]).
+    pub fn try_next(&mut self) -> Polled {
+        if self.ended {
+            return Polled::Ended;
+        }
+        #[cfg(target_arch = "wasm32")]
+        let polled = {
+            use crate::bindings::tessera::inference::inference::Polled as Wit;
+            match self.stream.try_next() {
+                Wit::Pending => Polled::Pending,
+                Wit::Ready(result) => Polled::Ready(result.map(Into::into).map_err(Into::into)),
+                Wit::Ended => Polled::Ended,
+            }
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        let polled = match self.responses.next() {
+            Some(result) => Polled::Ready(result),
+            None => Polled::Ended,
+        };
+        self.ended = !matches!(polled, Polled::Ready(Ok(_)) | Polled::Pending);
+        polled
+    }
+}
+
 impl Iterator for ResponseStream {
     type Item = Result<Response, Error>;
 

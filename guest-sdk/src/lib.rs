@@ -82,7 +82,7 @@ pub use config::ModelConfig;
 pub use decoupled::{DecoupledModel, ResponseSender, Resume, SendError};
 pub use error::{Error, ErrorKind, ResultExt};
 pub use infer::{
-    ModelMetadata, ResponseStream, TensorMetadata, infer, infer_stream, model_metadata,
+    ModelMetadata, Polled, ResponseStream, TensorMetadata, infer, infer_stream, model_metadata,
 };
 pub use request::{Parameter, ParameterValue, Request, RequestBuilder, Response};
 pub use tensor::{DataType, Element, Tensor, TensorData};

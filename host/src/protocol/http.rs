@@ -49,13 +49,13 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
     };
     // Who may call what is read here, not from where layers sit between routes: every route
     // but health needs a key once tenancy is on.
-    let needs_key =
-        kserve_routes()
-            .merge(function_routes())
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                authenticate,
-            ));
+    let needs_key = kserve_routes()
+        .merge(function_routes())
+        .merge(openai_routes())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ));
     needs_key.merge(health_routes()).with_state(state)
 }
 
@@ -151,6 +151,98 @@ fn kserve_routes() -> Router<AppState> {
 }
 
 /// Functions: their answers reach the principal as the function wrote them.
+/// The OpenAI-compatible API ([`super::openai`]).
+fn openai_routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/chat/completions", post(openai_chat))
+        .route("/v1/completions", post(openai_completions))
+        .route("/v1/models", get(openai_models))
+        .route("/v1/models/{model}", get(openai_model))
+}
+
+async fn openai_chat(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    openai_run(
+        &s,
+        &principal,
+        super::openai::Endpoint::Chat,
+        &headers,
+        body,
+    )
+    .await
+}
+
+async fn openai_completions(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    openai_run(
+        &s,
+        &principal,
+        super::openai::Endpoint::Completions,
+        &headers,
+        body,
+    )
+    .await
+}
+
+/// An OpenAI request through the same path as every other: the model's queue, as a stream.
+async fn openai_run(
+    s: &AppState,
+    principal: &Principal,
+    endpoint: super::openai::Endpoint,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let body = match read_body(body, s.max_body, "--http-max-input-size").await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let mut prepared = match super::openai::prepare(&s.server, principal, endpoint, &body) {
+        Ok(prepared) => prepared,
+        Err(e) => return super::openai::error_response(&e),
+    };
+    let request = std::mem::take(&mut prepared.request);
+    let started = super::client_infer_stream(
+        &s.server,
+        principal,
+        super::ClientRequest {
+            model: &prepared.model,
+            version: None,
+            trace: super::TraceContext::from_headers(headers),
+        },
+        s.verbose_errors,
+        |_| Ok(request),
+    )
+    .await;
+    match started {
+        Err(e) => super::openai::error_response(&e),
+        Ok(stream) if prepared.stream => super::openai::events(&prepared, stream),
+        Ok(stream) => super::openai::complete(&prepared, stream).await,
+    }
+}
+
+async fn openai_models(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Response {
+    super::openai::models(&s.server, &principal)
+}
+
+async fn openai_model(
+    State(s): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(model): Path<String>,
+) -> Response {
+    super::openai::model(&s.server, &principal, &model)
+}
+
 fn function_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/functions", get(list_functions))

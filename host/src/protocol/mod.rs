@@ -7,6 +7,8 @@
 //! - [`http`]: KServe v2 over HTTP/REST.
 //! - [`grpc`]: KServe v2 over gRPC.
 //! - [`generate`]: Triton's generate extension (`/generate`, `/generate_stream` with SSE).
+//! - [`openai`]: the OpenAI-compatible API (`/v1/chat/completions`, `/v1/completions`,
+//!   `/v1/models`).
 //! - [`error`]: the one error type both answer with.
 //! - [`listen`]: accepting and closing connections within bounds (timeouts, limits, drain).
 
@@ -15,6 +17,7 @@ pub mod generate;
 pub mod grpc;
 pub mod http;
 pub mod listen;
+pub mod openai;
 pub use error::ApiError;
 pub use tessera_core::kserve;
 

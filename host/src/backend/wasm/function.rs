@@ -264,6 +264,7 @@ impl WasmFunction {
             log_rate: self.log_rate.clone(),
             env: &self.env,
             allowed_hosts: self.allowed_hosts.clone(),
+            files: None,
         });
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);

@@ -38,6 +38,9 @@ pub struct WasmModel {
     pub instances: Arc<InstanceTracker>,
     /// The model's log allowance, shared by its instances.
     pub log_rate: Arc<LogRate>,
+    /// The version's folder, which the handler reads (only reads) as `/model`: its tokenizer,
+    /// vocabulary or labels, as a Triton model.py reads files beside itself.
+    pub files: Option<std::path::PathBuf>,
 }
 
 /// What one `log` call costs besides its message: a log line is not free even when empty.
@@ -249,6 +252,8 @@ impl AsyncWrite for OutputSink {
 pub struct Streams {
     /// The senders the guest holds, by resource index; removed when it drops them.
     open: HashMap<u32, ResponseSender>,
+    /// The BLS streams the guest reads (`infer-stream`), by resource index.
+    reading: std::collections::BTreeSet<u32>,
     /// Time sends spent waiting for readers (not charged to the execution deadline).
     pub blocked: Arc<BlockedTime>,
     /// How long one send may wait for its reader (the execution deadline).
@@ -260,6 +265,7 @@ impl Streams {
     pub fn new(max_output_bytes: usize, max_send_wait: std::time::Duration) -> Streams {
         Streams {
             open: HashMap::new(),
+            reading: std::collections::BTreeSet::new(),
             blocked: Arc::default(),
             max_send_wait,
             max_output_bytes,
@@ -375,7 +381,12 @@ pub struct Guest<'a> {
     pub env: &'a [(String, String)],
     /// Hosts (`host` or `host:port`) outgoing `wasi:http` requests may reach.
     pub allowed_hosts: Arc<[String]>,
+    /// A folder the guest may read as `/model` (a model version's own folder).
+    pub files: Option<&'a std::path::Path>,
 }
+
+/// Where a handler finds its version's folder.
+pub const MODEL_FILES: &str = "/model";
 
 impl HostState {
     fn new(model: &WasmModel) -> HostState {
@@ -388,6 +399,7 @@ impl HostState {
             log_rate: model.log_rate.clone(),
             env: &[],
             allowed_hosts: Arc::from(Vec::new()),
+            files: model.files.as_deref(),
         })
     }
 
@@ -395,14 +407,24 @@ impl HostState {
         let limits = guest.limits;
         let stdout = OutputSink::new(limits.max_log_bytes);
         let stderr = OutputSink::new(limits.max_log_bytes);
-        let wasi = WasiCtx::builder()
-            .stdout(stdout.clone())
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .envs(guest.env)
             .allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+            .allow_ip_name_lookup(false);
+        if let Some(files) = guest.files
+            && let Err(e) = wasi.preopened_dir(files, MODEL_FILES, wasmtime_wasi::FsPerms::ReadOnly)
+        {
+            // The folder went away (an unload raced the start): the guest sees no files.
+            tracing::warn!(
+                model = guest.name,
+                "cannot open {} for the guest: {e:#}",
+                files.display()
+            );
+        }
+        let wasi = wasi.build();
         let mut table = ResourceTable::new();
         table.set_max_capacity(limits.max_host_resources);
         HostState {
@@ -639,7 +661,26 @@ impl types::Host for HostState {}
 /// A guest's handle on the responses of a streamed BLS call (`inference.infer-stream`).
 pub struct BlsStream {
     stream: crate::stream::ResponseStream,
+    /// A message taken while the host waited for any stream to have one, not read yet.
+    arrived: Option<Option<crate::stream::StreamMessage>>,
     max_output_bytes: usize,
+}
+
+impl BlsStream {
+    fn take(&mut self, message: Option<crate::stream::StreamMessage>) -> inference::Polled {
+        let Some(message) = message else {
+            return inference::Polled::Ended;
+        };
+        match message.result {
+            // A final message without a response: the stream has ended.
+            None => inference::Polled::Ended,
+            Some(Ok(response)) => inference::Polled::Ready(Ok(convert::response_to_wit(response))),
+            Some(Err(e)) => inference::Polled::Ready(Err(convert::error_to_wit(bounded_error(
+                e,
+                self.max_output_bytes,
+            )))),
+        }
+    }
 }
 
 impl HostState {
@@ -653,6 +694,25 @@ impl HostState {
             span: self.span.clone(),
             tenant: self.tenant.clone(),
         }
+    }
+
+    /// Ready once a BLS stream the guest reads has a message (kept for its next read): what a
+    /// decoupled handler waits on between `resume` calls, besides time and new requests.
+    pub fn poll_streams_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        for &rep in &self.streams.reading {
+            let handle = wasmtime::component::Resource::<BlsStream>::new_borrow(rep);
+            let Ok(held) = self.table.get_mut(&handle) else {
+                continue;
+            };
+            if held.arrived.is_some() {
+                return std::task::Poll::Ready(());
+            }
+            if let std::task::Poll::Ready(message) = held.stream.poll_next(cx) {
+                held.arrived = Some(message);
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
     }
 
     fn inference(&self) -> Result<std::sync::Arc<dyn Inference>, types::Error> {
@@ -692,9 +752,11 @@ impl inference::Host for HostState {
             .infer_stream(self.call_context(), &model, version, request)
             .await
             .map_err(convert::error_to_wit)?;
-        self.table
+        let handle = self
+            .table
             .push(BlsStream {
                 stream,
+                arrived: None,
                 max_output_bytes: self.streams.max_output_bytes,
             })
             .map_err(|e| {
@@ -702,7 +764,9 @@ impl inference::Host for HostState {
                     ErrorKind::ResourceExhausted,
                     format!("cannot hold another stream: {e}"),
                 ))
-            })
+            })?;
+        self.streams.reading.insert(handle.rep());
+        Ok(handle)
     }
 
     async fn model_metadata(
@@ -724,12 +788,31 @@ impl inference::HostResponseStream for HostState {
         this: wasmtime::component::Resource<BlsStream>,
     ) -> Option<Result<types::Response, types::Error>> {
         let held = self.table.get_mut(&this).ok()?;
-        let max = held.max_output_bytes;
-        let message = held.stream.next().await?;
-        match message.result? {
-            Ok(response) => Some(Ok(convert::response_to_wit(response))),
-            Err(e) => Some(Err(convert::error_to_wit(bounded_error(e, max)))),
+        let message = match held.arrived.take() {
+            Some(message) => message,
+            None => held.stream.next().await,
+        };
+        match held.take(message) {
+            inference::Polled::Ready(result) => Some(result),
+            inference::Polled::Ended | inference::Polled::Pending => None,
         }
+    }
+
+    async fn try_next(
+        &mut self,
+        this: wasmtime::component::Resource<BlsStream>,
+    ) -> inference::Polled {
+        let Ok(held) = self.table.get_mut(&this) else {
+            return inference::Polled::Ended;
+        };
+        let message = match held.arrived.take() {
+            Some(message) => message,
+            None => match held.stream.try_next() {
+                Some(message) => message,
+                None => return inference::Polled::Pending,
+            },
+        };
+        held.take(message)
     }
 
     async fn drop(
@@ -737,6 +820,7 @@ impl inference::HostResponseStream for HostState {
         this: wasmtime::component::Resource<BlsStream>,
     ) -> wasmtime::Result<()> {
         // Dropping the stream cancels the call.
+        self.streams.reading.remove(&this.rep());
         self.table.delete(this)?;
         Ok(())
     }

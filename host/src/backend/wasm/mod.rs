@@ -209,6 +209,7 @@ fn prepare(
     config: &crate::config::ModelConfig,
     component_path: &std::path::Path,
     inference: std::sync::Weak<dyn Inference>,
+    files: Option<std::path::PathBuf>,
 ) -> Result<Arc<WasmModel>, LoadError> {
     let limits =
         Limits::from_config(config, runtime.max_memory_bytes).map_err(LoadError::invalid)?;
@@ -270,6 +271,7 @@ fn prepare(
         inference,
         counters: runtime.counters.for_model(name),
         instances: runtime.instances.clone(),
+        files,
     }))
 }
 
@@ -286,15 +288,24 @@ impl Backend for WasmBackend {
         Box::pin(async move {
             let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
             let runtime = self.0.clone();
-            let (name, version, config, inference) = (
+            let (name, version, config, inference, files) = (
                 ctx.name.clone(),
                 ctx.version,
                 ctx.config.clone(),
                 ctx.inference.clone(),
+                ctx.version_dir.clone(),
             );
             // Reading and compiling a component is blocking work: off the async workers.
             let pre = tokio::task::spawn_blocking(move || {
-                prepare(&runtime, &name, version, &config, &path, inference)
+                prepare(
+                    &runtime,
+                    &name,
+                    version,
+                    &config,
+                    &path,
+                    inference,
+                    Some(files),
+                )
             })
             .await
             .map_err(|e| LoadError::runtime(format!("compiling the component failed: {e}")))??;
@@ -322,7 +333,7 @@ impl Standalone {
         config: &crate::config::ModelConfig,
     ) -> Result<Standalone, LoadError> {
         let nothing: std::sync::Weak<dyn Inference> = std::sync::Weak::<NoInference>::new();
-        prepare(runtime, name, 1, config, component, nothing).map(Standalone)
+        prepare(runtime, name, 1, config, component, nothing, None).map(Standalone)
     }
 
     /// Instantiates from the `InstancePre` into a fresh store, running no guest code, and drops it.
@@ -448,6 +459,18 @@ impl ModelInstance for WasmInstance {
 
     fn resume(&mut self) -> BoxFuture<'_, Option<Duration>> {
         async move { self.resume_decoupled().await }.boxed()
+    }
+
+    fn work_ready(&mut self) -> BoxFuture<'_, ()> {
+        async move {
+            match self.live.as_mut() {
+                Some(live) => {
+                    std::future::poll_fn(|cx| live.store.data_mut().poll_streams_ready(cx)).await
+                }
+                None => std::future::pending().await,
+            }
+        }
+        .boxed()
     }
 }
 

@@ -1,0 +1,285 @@
+//! `tensorrt_llm_bls`: a decoupled model that takes text and streams text — TensorRT-LLM's
+//! BLS model (a Python model in Triton), here sandboxed. Per request:
+//!
+//! - `text_input` (BYTES `[1]`), or `messages` (BYTES `[1]`: OpenAI-style chat messages as
+//!   JSON, rendered with the model's chat template);
+//! - `max_tokens` (INT32 `[1]`); `stream` (BOOL `[1]`, default false);
+//! - optional sampling: `temperature`, `top_p`, `min_p`, `repetition_penalty`,
+//!   `presence_penalty`, `frequency_penalty` (FP32 `[1]`), `top_k` (INT32 `[1]`), `seed` (UINT64
+//!   `[1]`); `stop` (BYTES `[-1]`): strings that end generation and are left out of the text.
+//!
+//! Output `text_output` (BYTES `[1]`): with `stream`, one response per piece of new text (never
+//! half a character, never part of a stop string), else one response with all of it. The last
+//! response carries the parameters `finish_reason` (`stop` or `length`), `prompt_tokens` and
+//! `completion_tokens`.
+//!
+//! It tokenizes and detokenizes itself (the tokenizer from its folder) and runs the engine
+//! (`parameters { key: "engine" }`, default `tensorrt_llm`) through the engine's queue with
+//! `infer-stream`. One instance serves every stream: `execute` starts them, `resume` forwards
+//! what has arrived on any of them and returns; the host resumes it as soon as more arrives.
+
+use std::path::Path;
+use std::time::Duration;
+
+use llm_text::{Detokenizer, Message, StopStrings, Text};
+use tessera_guest::{
+    DataType, DecoupledModel, Error, ModelConfig, Polled, Request, Response, ResponseSender,
+    ResponseStream, Resume, Tensor,
+};
+
+/// A request being generated.
+struct Generation {
+    /// `None` once the final response or error went out.
+    sender: Option<ResponseSender>,
+    engine: ResponseStream,
+    stream: bool,
+    detokenizer: Detokenizer,
+    stops: StopStrings,
+    /// The text so far, when it is sent in one response.
+    text: String,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+}
+
+struct Bls {
+    text: Text,
+    engine: String,
+    generations: Vec<Generation>,
+}
+
+/// Sampling inputs passed to the engine under its names.
+const SAMPLING: &[(&str, &str)] = &[
+    ("temperature", "temperature"),
+    ("top_p", "runtime_top_p"),
+    ("min_p", "min_p"),
+    ("repetition_penalty", "repetition_penalty"),
+    ("presence_penalty", "presence_penalty"),
+    ("frequency_penalty", "frequency_penalty"),
+    ("top_k", "runtime_top_k"),
+    ("seed", "random_seed"),
+];
+
+fn utf8(tensor: &Tensor) -> Result<String, Error> {
+    let values = tensor.as_bytes_elements()?;
+    let first = values
+        .first()
+        .ok_or_else(|| Error::invalid_input(format!("{} is empty", tensor.name())))?;
+    String::from_utf8(first.clone())
+        .map_err(|_| Error::invalid_input(format!("{} is not valid UTF-8", tensor.name())))
+}
+
+impl Bls {
+    /// Starts one request: its prompt, and the engine's stream for it.
+    fn start(&self, request: &Request) -> Result<(ResponseStream, bool, StopStrings, u32), Error> {
+        let prompt = match (
+            request.get_input("messages"),
+            request.get_input("text_input"),
+        ) {
+            (Some(messages), _) => {
+                let messages: Vec<Message> =
+                    serde_json::from_str(&utf8(messages)?).map_err(|e| {
+                        Error::invalid_input(format!(
+                            "messages must be a JSON list of {{\"role\", \"content\"}} objects: {e}"
+                        ))
+                    })?;
+                if messages.is_empty() {
+                    return Err(Error::invalid_input("messages is empty"));
+                }
+                self.text
+                    .chat_prompt(&messages)
+                    .map_err(Error::invalid_input)?
+            }
+            (None, Some(text)) => utf8(text)?,
+            (None, None) => return Err(Error::invalid_input("text_input or messages is required")),
+        };
+        let ids: Vec<i32> = self
+            .text
+            .encode(&prompt)
+            .map_err(Error::invalid_input)?
+            .into_iter()
+            .map(|t| t as i32)
+            .collect();
+        if ids.is_empty() {
+            return Err(Error::invalid_input("the prompt is empty"));
+        }
+        let max_tokens = request
+            .input("max_tokens")?
+            .expect_datatype(DataType::Int32)?
+            .as_i32()?
+            .first()
+            .copied()
+            .ok_or_else(|| Error::invalid_input("max_tokens is empty"))?;
+        let stream = match request.get_input("stream") {
+            Some(t) => t.as_bool()?.first().copied().unwrap_or(false),
+            None => false,
+        };
+        let stops = match request.get_input("stop") {
+            Some(t) => t.as_strings()?.into_iter().map(str::to_owned).collect(),
+            None => Vec::new(),
+        };
+        let prompt_tokens = ids.len() as u32;
+        let mut engine = Request::builder()
+            .input(Tensor::from_i32("input_ids", [1, ids.len() as i64], &ids))
+            .input(Tensor::from_i32(
+                "request_output_len",
+                [1, 1],
+                &[max_tokens],
+            ))
+            // Always streamed from the engine: text goes out as it comes, and a stop string
+            // ends generation at once.
+            .input(Tensor::from_bool("streaming", [1, 1], &[true]));
+        for (ours, theirs) in SAMPLING {
+            if let Some(t) = request.get_input(ours) {
+                engine = engine.input(t.clone().renamed(*theirs).reshaped([1, 1]));
+            }
+        }
+        let engine = tessera_guest::infer_stream(&self.engine, None, engine.build())?;
+        Ok((engine, stream, StopStrings::new(stops), prompt_tokens))
+    }
+
+    /// Forwards what has arrived for one generation. Returns true when it is over.
+    fn forward(&self, g: &mut Generation) -> bool {
+        loop {
+            let response = match g.engine.try_next() {
+                Polled::Pending => return false,
+                Polled::Ready(Ok(response)) => response,
+                Polled::Ready(Err(e)) => {
+                    g.end(Err(e));
+                    return true;
+                }
+                Polled::Ended => {
+                    g.end(Err(Error::internal(
+                        "the engine ended the stream without a finish reason",
+                    )));
+                    return true;
+                }
+            };
+            match self.step(g, &response) {
+                Ok(false) => {}
+                Ok(true) => return true,
+                Err(e) => {
+                    g.end(Err(e));
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// One engine response: new text out; true once the generation is over.
+    fn step(&self, g: &mut Generation, response: &Response) -> Result<bool, Error> {
+        let ids: Vec<u32> = response
+            .output("output_ids")?
+            .as_i32()?
+            .iter()
+            .map(|&t| u32::try_from(t).unwrap_or(0))
+            .collect();
+        g.completion_tokens += ids.len() as u32;
+        let finish = response
+            .parameter("finish_reason")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        let mut delta = g
+            .detokenizer
+            .push(&self.text, &ids)
+            .map_err(Error::internal)?;
+        if finish.is_some() {
+            delta.push_str(&g.detokenizer.finish(&self.text).map_err(Error::internal)?);
+        }
+        let (mut out, stopped) = g.stops.push(&delta);
+        let finish = match (stopped, finish) {
+            (true, _) => Some("stop".to_owned()),
+            (false, Some(reason)) => {
+                out.push_str(&g.stops.finish());
+                Some(reason)
+            }
+            (false, None) => None,
+        };
+        let Some(reason) = finish else {
+            if g.stream && !out.is_empty() {
+                let piece =
+                    Response::new().with_output(Tensor::from_strings("text_output", [1], &[out]));
+                let sent = g.sender.as_ref().map(|s| s.send(piece));
+                // The caller has gone: drop the generation (and with it the engine's stream).
+                return Ok(!matches!(sent, Some(Ok(()))));
+            }
+            g.text.push_str(&out);
+            return Ok(false);
+        };
+        let text = if g.stream {
+            out
+        } else {
+            g.text.push_str(&out);
+            std::mem::take(&mut g.text)
+        };
+        let last = Response::new()
+            .with_output(Tensor::from_strings("text_output", [1], &[text]))
+            .with_parameter("finish_reason", reason)
+            .with_parameter("prompt_tokens", i64::from(g.prompt_tokens))
+            .with_parameter("completion_tokens", i64::from(g.completion_tokens));
+        g.end(Ok(last));
+        Ok(true)
+    }
+}
+
+impl Generation {
+    /// Sends the final response, or the error that ends the request.
+    fn end(&mut self, last: Result<Response, Error>) {
+        if let Some(sender) = self.sender.take() {
+            // The caller may have gone already; there is no one else to tell.
+            let _ = match last {
+                Ok(response) => sender.send_final(response),
+                Err(e) => sender.fail(e),
+            };
+        }
+    }
+}
+
+impl DecoupledModel for Bls {
+    fn initialize(config: &ModelConfig) -> Result<Self, String> {
+        let text = Text::load(Path::new(llm_text::MODEL_FILES))?;
+        let engine = config
+            .parameter("engine")
+            .unwrap_or("tensorrt_llm")
+            .to_owned();
+        tessera_guest::log::info(format!("tensorrt_llm_bls ready: engine '{engine}'"));
+        Ok(Bls {
+            text,
+            engine,
+            generations: Vec::new(),
+        })
+    }
+
+    fn execute(&mut self, requests: Vec<(Request, ResponseSender)>) {
+        for (request, sender) in requests {
+            match self.start(&request) {
+                Ok((engine, stream, stops, prompt_tokens)) => self.generations.push(Generation {
+                    sender: Some(sender),
+                    engine,
+                    stream,
+                    detokenizer: Detokenizer::default(),
+                    stops,
+                    text: String::new(),
+                    prompt_tokens,
+                    completion_tokens: 0,
+                }),
+                Err(e) => {
+                    let _ = sender.fail(e);
+                }
+            }
+        }
+    }
+
+    fn resume(&mut self) -> Resume {
+        let mut generations = std::mem::take(&mut self.generations);
+        generations.retain_mut(|g| !self.forward(g));
+        self.generations = generations;
+        if self.generations.is_empty() {
+            Resume::Done
+        } else {
+            // Resumed as soon as an engine stream has more; this is only a bound.
+            Resume::After(Duration::from_secs(5))
+        }
+    }
+}
+
+tessera_guest::export_decoupled_model!(Bls);

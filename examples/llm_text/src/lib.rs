@@ -1,0 +1,251 @@
+//! Text for the LLM pipeline's handlers, the parts Triton users write in Python around
+//! TensorRT-LLM (`preprocessing/model.py`, `postprocessing/model.py`, `tensorrt_llm_bls`):
+//!
+//! - [`Text::load`] reads the model's `tokenizer.json` and `tokenizer_config.json` from the
+//!   handler's own folder (`/model`, read-only), as a model.py reads files beside itself;
+//! - [`Text::chat_prompt`] renders the model's chat template (Jinja, by `minijinja`) over
+//!   OpenAI-style messages;
+//! - [`Text::encode`] tokenizes (Hugging Face's `tokenizers`, the same library as
+//!   `transformers`' fast tokenizers);
+//! - [`Detokenizer`] turns a stream of token ids into text deltas that never split a UTF-8
+//!   character (decoding each token alone garbles CJK and emoji: one character can span tokens);
+//! - [`StopStrings`] ends generation at a stop string without ever streaming part of one.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use tokenizers::Tokenizer;
+
+/// Where a handler finds its folder.
+pub const MODEL_FILES: &str = "/model";
+
+/// One chat message, as the OpenAI API sends it.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// The model's tokenizer and chat template.
+pub struct Text {
+    tokenizer: Tokenizer,
+    chat_template: Option<String>,
+    bos_token: String,
+    eos_token: String,
+    /// The id that ends generation (`eos_token`).
+    pub end_id: u32,
+    pub pad_id: u32,
+}
+
+#[derive(Deserialize)]
+struct TokenizerConfig {
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    pad_token: Option<String>,
+}
+
+impl Text {
+    /// Reads `tokenizer.json` and `tokenizer_config.json` from `dir`.
+    pub fn load(dir: &Path) -> Result<Text, String> {
+        let tokenizer_path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| format!("cannot read {}: {e}", tokenizer_path.display()))?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config: TokenizerConfig = std::fs::read(&config_path)
+            .map_err(|e| format!("cannot read {}: {e}", config_path.display()))
+            .and_then(|bytes| {
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("{} is not valid: {e}", config_path.display()))
+            })?;
+        let id = |token: &Option<String>, what: &str| -> Result<u32, String> {
+            let token = token
+                .as_deref()
+                .ok_or_else(|| format!("tokenizer_config.json names no {what}"))?;
+            tokenizer
+                .token_to_id(token)
+                .ok_or_else(|| format!("{what} '{token}' is not in the vocabulary"))
+        };
+        let end_id = id(&config.eos_token, "eos_token")?;
+        let pad_id = id(&config.pad_token, "pad_token").unwrap_or(end_id);
+        Ok(Text {
+            chat_template: config.chat_template,
+            bos_token: config.bos_token.unwrap_or_default(),
+            eos_token: config.eos_token.unwrap_or_default(),
+            tokenizer,
+            end_id,
+            pad_id,
+        })
+    }
+
+    /// Token ids of `text`. Special tokens written in it (`<|im_start|>`) become their ids, as
+    /// `transformers` does: the chat template writes them.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| format!("cannot tokenize: {e}"))
+    }
+
+    /// Text of `ids`, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| format!("cannot decode: {e}"))
+    }
+
+    /// The prompt the model's chat template makes of `messages`, ending where the assistant's
+    /// answer begins.
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<String, String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or("the model has no chat template (tokenizer_config.json): send text instead")?;
+        let mut env = minijinja::Environment::new();
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    message,
+                ))
+            },
+        );
+        env.add_template("chat", template)
+            .map_err(|e| format!("the chat template does not parse: {e}"))?;
+        let template = env
+            .get_template("chat")
+            .map_err(|e| format!("the chat template: {e}"))?;
+        template
+            .render(minijinja::context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+            })
+            .map_err(|e| format!("cannot render the chat template: {e}"))
+    }
+}
+
+/// Turns the token ids of one sequence, as they come, into text deltas.
+///
+/// It decodes the whole tail since the last emitted text and emits only what is complete: text
+/// that ends in U+FFFD (the tail of a character split across tokens) waits for the next token.
+/// Decoding the tail rather than each token alone also keeps the spaces that SentencePiece
+/// tokenizers attach to the following token.
+#[derive(Debug, Default)]
+pub struct Detokenizer {
+    ids: Vec<u32>,
+    /// Bytes of the decoded text already emitted.
+    emitted: usize,
+}
+
+impl Detokenizer {
+    /// Adds tokens; returns the text they complete (maybe empty).
+    pub fn push(&mut self, text: &Text, ids: &[u32]) -> Result<String, String> {
+        self.ids.extend_from_slice(ids);
+        let decoded = text.decode(&self.ids)?;
+        if decoded.ends_with('\u{fffd}') {
+            return Ok(String::new());
+        }
+        let delta = decoded.get(self.emitted..).unwrap_or_default().to_owned();
+        self.emitted = decoded.len();
+        // Keep the decoded window short: once everything is emitted, start afresh from the
+        // last token (kept for context: a next token's leading space may depend on it).
+        if self.ids.len() > 32 {
+            let last = self.ids.len() - 1;
+            let keep = self.ids.split_off(last);
+            self.ids = keep;
+            self.emitted = text.decode(&self.ids)?.len();
+        }
+        Ok(delta)
+    }
+
+    /// What is left when the sequence ends. A character the last tokens only began (the
+    /// token limit cut it) is dropped rather than shown as U+FFFD.
+    pub fn finish(&mut self, text: &Text) -> Result<String, String> {
+        let decoded = text.decode(&self.ids)?;
+        let delta = decoded.get(self.emitted..).unwrap_or_default();
+        let delta = delta.trim_end_matches('\u{fffd}').to_owned();
+        self.emitted = decoded.len();
+        Ok(delta)
+    }
+}
+
+/// Stop strings over streamed text: text is released only once no stop string can begin in
+/// it, and generation ends at the first one found (which is not part of the output).
+#[derive(Debug, Default)]
+pub struct StopStrings {
+    stops: Vec<String>,
+    /// Text not released yet: it may be the start of a stop string.
+    held: String,
+}
+
+impl StopStrings {
+    pub fn new(stops: Vec<String>) -> StopStrings {
+        StopStrings {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+        }
+    }
+
+    /// Adds generated text. Returns the text that may be released, and whether a stop string
+    /// was found (then the released text ends just before it, and nothing more follows).
+    pub fn push(&mut self, text: &str) -> (String, bool) {
+        self.held.push_str(text);
+        if self.stops.is_empty() {
+            return (std::mem::take(&mut self.held), false);
+        }
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
+            let out = self.held[..at].to_owned();
+            self.held.clear();
+            return (out, true);
+        }
+        // Hold back the longest tail that is a prefix of some stop string.
+        let mut keep = 0;
+        for stop in &self.stops {
+            for (i, _) in self.held.char_indices() {
+                let tail = &self.held[i..];
+                if stop.starts_with(tail) {
+                    keep = keep.max(tail.len());
+                    break;
+                }
+            }
+        }
+        let cut = self.held.len() - keep;
+        let out = self.held[..cut].to_owned();
+        self.held.drain(..cut);
+        (out, false)
+    }
+
+    /// The text still held when generation ends without a stop string.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_never_release_part_of_one() {
+        let mut stops = StopStrings::new(vec!["\n\nUser:".into(), "END".into()]);
+        assert_eq!(stops.push("Hello"), ("Hello".into(), false));
+        assert_eq!(stops.push(" wor"), (" wor".into(), false));
+        assert_eq!(stops.push("ld\n"), ("ld".into(), false));
+        assert_eq!(stops.push("\nUs"), ("".into(), false));
+        assert_eq!(stops.push("er: hi"), ("".into(), true));
+        let mut stops = StopStrings::new(vec!["END".into()]);
+        assert_eq!(stops.push("the E"), ("the ".into(), false));
+        assert_eq!(stops.push("x"), ("Ex".into(), false));
+        assert_eq!(stops.push("EN"), ("".into(), false));
+        assert_eq!(stops.finish(), "EN");
+    }
+
+    #[test]
+    fn without_stop_strings_everything_is_released() {
+        let mut stops = StopStrings::new(vec![String::new()]);
+        assert_eq!(stops.push("a"), ("a".into(), false));
+    }
+}

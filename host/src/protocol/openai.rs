@@ -1,0 +1,658 @@
+//! The OpenAI-compatible API: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `GET /v1/models` and `GET /v1/models/{model}`, so the official `openai` clients (and every
+//! tool built on them) talk to Tessera unchanged.
+//!
+//! It is a front-end like the others, not a side path: a request becomes a request to the named
+//! model through [`super::client_infer_stream`], the same path as gRPC and the generate
+//! extension, with the caller's key, grants and quotas. The model is one that takes text and
+//! streams text, the contract of the example repository's `tensorrt_llm_bls` (a sandboxed Wasm
+//! handler that applies the chat template, tokenizes, runs the engine through its queue and
+//! detokenizes): inputs `messages` (chat, the messages as JSON) or `text_input` (completions),
+//! `max_tokens`, `stream` and the sampling inputs it declares; output `text_output`; its last
+//! response's parameters carry `finish_reason`, `prompt_tokens` and `completion_tokens`.
+//!
+//! Streaming answers are Server-Sent Events ending with `data: [DONE]`; with
+//! `stream_options.include_usage` a last chunk carries the usage. A client that goes away drops
+//! the stream, which cancels the request down to the engine's sequence slot.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::api::{Principal, Server};
+use crate::infer::{ErrorKind, InferError, InferRequest, InferResponse, ParamValue};
+use crate::signature::ModelMetadata;
+use crate::tensor::{DataType, Tensor, TensorData};
+
+/// Tokens generated when a request sets no `max_tokens` (chat: the model's own bound applies
+/// too; completions: OpenAI's default is 16).
+const DEFAULT_CHAT_MAX_TOKENS: i64 = 512;
+const DEFAULT_COMPLETION_MAX_TOKENS: i64 = 16;
+
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// A string, or a list of them (`stop`, `prompt`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// A chat message's content: text, or a list of parts of which only text is taken.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The fields of both endpoints' bodies that Tessera reads.
+#[derive(Debug, Deserialize)]
+struct Body {
+    model: String,
+    #[serde(default)]
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    prompt: Option<OneOrMany>,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    stop: Option<OneOrMany>,
+    #[serde(default)]
+    n: Option<i64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    presence_penalty: Option<f64>,
+    #[serde(default)]
+    frequency_penalty: Option<f64>,
+    #[serde(default)]
+    seed: Option<i64>,
+    // Not OpenAI's, but what vLLM and TGI take through `extra_body`.
+    #[serde(default)]
+    top_k: Option<i64>,
+    #[serde(default)]
+    min_p: Option<f64>,
+    #[serde(default)]
+    repetition_penalty: Option<f64>,
+    #[serde(default)]
+    echo: bool,
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(default)]
+    suffix: Option<String>,
+    #[serde(default)]
+    best_of: Option<i64>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    response_format: Option<Value>,
+}
+
+/// An error in OpenAI's shape, with the status KServe errors get.
+pub fn error_response(e: &InferError) -> Response {
+    let (status, _) = super::error::status_of(e.kind);
+    let kind = match e.kind {
+        ErrorKind::InvalidArgument | ErrorKind::Unsupported => "invalid_request_error",
+        ErrorKind::NotFound => "not_found_error",
+        ErrorKind::ResourceExhausted => "rate_limit_error",
+        _ => "server_error",
+    };
+    let body = json!({
+        "error": {
+            "message": crate::infer::bounded(&e.message, crate::infer::MAX_ERROR_MESSAGE_BYTES),
+            "type": kind,
+            "param": null,
+            "code": null,
+        }
+    });
+    let mut response = (status, axum::Json(body)).into_response();
+    if let Some(seconds) = e.retry_after_secs()
+        && let Ok(value) = seconds.to_string().parse()
+    {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, value);
+    }
+    response
+}
+
+fn invalid(message: impl Into<String>) -> InferError {
+    InferError::invalid(message)
+}
+
+fn scalar_tensor(name: &str, datatype: DataType, bytes: Vec<u8>) -> Tensor {
+    Tensor::new(name, datatype, vec![1], TensorData::Raw(bytes.into()))
+}
+
+fn text_tensor(name: &str, values: Vec<Vec<u8>>) -> Tensor {
+    let n = values.len() as i64;
+    Tensor::new(
+        name,
+        DataType::Bytes,
+        vec![n],
+        TensorData::Elements(values.into_iter().map(Into::into).collect()),
+    )
+}
+
+/// Whether `metadata`'s model takes text and streams text for `endpoint`; why not if it does not.
+fn check_contract(metadata: &ModelMetadata, endpoint: Endpoint) -> Result<(), InferError> {
+    let has_input = |name: &str| metadata.inputs.iter().any(|i| i.name == name);
+    let prompt_input = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completions => "text_input",
+    };
+    let fits = has_input(prompt_input)
+        && has_input("max_tokens")
+        && metadata.outputs.iter().any(|o| o.name == "text_output");
+    if fits {
+        Ok(())
+    } else {
+        Err(InferError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "model '{}' does not serve {}: the model needs inputs '{prompt_input}' and 'max_tokens' and output 'text_output' (as tensorrt_llm_bls has)",
+                metadata.name,
+                match endpoint {
+                    Endpoint::Chat => "/v1/chat/completions",
+                    Endpoint::Completions => "/v1/completions",
+                }
+            ),
+        ))
+    }
+}
+
+/// A parsed request: the model's request, and how to answer.
+pub struct Prepared {
+    pub model: String,
+    pub request: InferRequest,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub endpoint: Endpoint,
+}
+
+/// Reads a body for `endpoint` into a request of the model's text contract.
+pub fn prepare(
+    server: &Server,
+    principal: &Principal,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<Prepared, InferError> {
+    let body: Body = serde_json::from_slice(body)
+        .map_err(|e| invalid(format!("the request body is not a valid request: {e}")))?;
+    let metadata = server.model_metadata(principal, &body.model, None)?;
+    check_contract(&metadata, endpoint)?;
+    if body.n.is_some_and(|n| n != 1) || body.best_of.is_some_and(|n| n != 1) {
+        return Err(invalid("n and best_of other than 1 are not supported"));
+    }
+    if body.echo || body.suffix.is_some() {
+        return Err(invalid("echo and suffix are not supported"));
+    }
+    if body
+        .logprobs
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+    {
+        return Err(invalid("logprobs are not supported by this endpoint yet"));
+    }
+    if body.tools.is_some() || body.response_format.is_some() {
+        return Err(invalid("tools and response_format are not supported"));
+    }
+    let mut inputs = Vec::new();
+    match endpoint {
+        Endpoint::Chat => {
+            let messages = body
+                .messages
+                .ok_or_else(|| invalid("'messages' is required"))?;
+            if messages.is_empty() {
+                return Err(invalid("'messages' must not be empty"));
+            }
+            let mut plain = Vec::with_capacity(messages.len());
+            for m in messages {
+                let content = match m.content {
+                    None => String::new(),
+                    Some(Content::Text(text)) => text,
+                    Some(Content::Parts(parts)) => {
+                        let mut text = String::new();
+                        for part in parts {
+                            if part.kind != "text" {
+                                return Err(invalid(format!(
+                                    "content parts of type '{}' are not supported (text only)",
+                                    part.kind
+                                )));
+                            }
+                            text.push_str(part.text.as_deref().unwrap_or_default());
+                        }
+                        text
+                    }
+                };
+                plain.push(json!({ "role": m.role, "content": content }));
+            }
+            inputs.push(text_tensor(
+                "messages",
+                vec![Value::Array(plain).to_string().into_bytes()],
+            ));
+        }
+        Endpoint::Completions => {
+            let prompts = body
+                .prompt
+                .ok_or_else(|| invalid("'prompt' is required"))?
+                .into_vec();
+            let [prompt] = <[String; 1]>::try_from(prompts)
+                .map_err(|_| invalid("one prompt per request (send a list of one, or a string)"))?;
+            inputs.push(text_tensor("text_input", vec![prompt.into_bytes()]));
+        }
+    }
+    let default = match endpoint {
+        Endpoint::Chat => DEFAULT_CHAT_MAX_TOKENS,
+        Endpoint::Completions => DEFAULT_COMPLETION_MAX_TOKENS,
+    };
+    let max_tokens = body
+        .max_completion_tokens
+        .or(body.max_tokens)
+        .unwrap_or(default);
+    if !(1..=i64::from(i32::MAX)).contains(&max_tokens) {
+        return Err(invalid(format!(
+            "max_tokens must be at least 1, got {max_tokens}"
+        )));
+    }
+    inputs.push(scalar_tensor(
+        "max_tokens",
+        DataType::Int32,
+        (max_tokens as i32).to_le_bytes().to_vec(),
+    ));
+    inputs.push(scalar_tensor(
+        "stream",
+        DataType::Bool,
+        vec![u8::from(body.stream)],
+    ));
+    let has_input = |name: &str| metadata.inputs.iter().any(|i| i.name == name);
+    let mut float = |name: &str, value: Option<f64>| -> Result<(), InferError> {
+        if let Some(v) = value {
+            if !has_input(name) {
+                return Err(invalid(format!(
+                    "model '{}' does not take '{name}'",
+                    body.model
+                )));
+            }
+            inputs.push(scalar_tensor(
+                name,
+                DataType::Fp32,
+                (v as f32).to_le_bytes().to_vec(),
+            ));
+        }
+        Ok(())
+    };
+    float("temperature", body.temperature)?;
+    float("top_p", body.top_p)?;
+    float("presence_penalty", body.presence_penalty)?;
+    float("frequency_penalty", body.frequency_penalty)?;
+    float("min_p", body.min_p)?;
+    float("repetition_penalty", body.repetition_penalty)?;
+    if let Some(k) = body.top_k {
+        let k = i32::try_from(k).map_err(|_| invalid(format!("top_k {k} is out of range")))?;
+        inputs.push(scalar_tensor(
+            "top_k",
+            DataType::Int32,
+            k.to_le_bytes().to_vec(),
+        ));
+    }
+    if let Some(seed) = body.seed {
+        let seed = u64::try_from(seed).map_err(|_| invalid("seed must be >= 0"))?;
+        inputs.push(scalar_tensor(
+            "seed",
+            DataType::Uint64,
+            seed.to_le_bytes().to_vec(),
+        ));
+    }
+    if let Some(stop) = body.stop {
+        let stops = stop.into_vec();
+        if stops.len() > 4 {
+            return Err(invalid("at most 4 stop sequences"));
+        }
+        if !stops.is_empty() {
+            inputs.push(text_tensor(
+                "stop",
+                stops.into_iter().map(String::into_bytes).collect(),
+            ));
+        }
+    }
+    for input in &inputs {
+        if !has_input(&input.name) {
+            return Err(invalid(format!(
+                "model '{}' does not take '{}'",
+                body.model, input.name
+            )));
+        }
+    }
+    Ok(Prepared {
+        model: body.model,
+        request: InferRequest {
+            inputs,
+            ..InferRequest::default()
+        },
+        stream: body.stream,
+        include_usage: body.stream_options.is_some_and(|o| o.include_usage),
+        endpoint,
+    })
+}
+
+/// Ids of completions: unique within this process, in OpenAI's shape.
+fn completion_id(endpoint: Endpoint) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    };
+    format!("{prefix}-{nanos:x}{n:x}")
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The text, finish reason and token counts of one response of the model.
+struct Piece {
+    text: String,
+    finish: Option<String>,
+    usage: Option<(i64, i64)>,
+}
+
+fn piece(response: &InferResponse) -> Result<Piece, InferError> {
+    let text = match response.outputs.iter().find(|t| t.name == "text_output") {
+        Some(Tensor {
+            data: TensorData::Elements(items),
+            ..
+        }) => items
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect(),
+        Some(_) => return Err(InferError::internal("text_output is not BYTES")),
+        None => String::new(),
+    };
+    let param = |key: &str| response.parameters.get(key);
+    let finish = match param("finish_reason") {
+        Some(ParamValue::String(reason)) => Some(reason.clone()),
+        _ => None,
+    };
+    let count = |key: &str| match param(key) {
+        Some(ParamValue::Int(n)) => Some(*n),
+        _ => None,
+    };
+    let usage = count("prompt_tokens").zip(count("completion_tokens"));
+    Ok(Piece {
+        text,
+        finish,
+        usage,
+    })
+}
+
+fn usage_json(usage: Option<(i64, i64)>) -> Value {
+    let (prompt, completion) = usage.unwrap_or((0, 0));
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+/// The one JSON answer of a request that does not stream.
+pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> Response {
+    let mut text = String::new();
+    let mut finish = None;
+    let mut usage = None;
+    while let Some(message) = stream.stream.next().await {
+        match message.result {
+            Some(Ok(response)) => match piece(&response) {
+                Ok(p) => {
+                    text.push_str(&p.text);
+                    finish = p.finish.or(finish);
+                    usage = p.usage.or(usage);
+                }
+                Err(e) => return error_response(&e),
+            },
+            Some(Err(e)) => return error_response(&e),
+            None => {}
+        }
+    }
+    let finish = finish.unwrap_or_else(|| "stop".into());
+    let choice = match prepared.endpoint {
+        Endpoint::Chat => json!({
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "finish_reason": finish,
+            "logprobs": null,
+        }),
+        Endpoint::Completions => json!({
+            "index": 0,
+            "text": text,
+            "finish_reason": finish,
+            "logprobs": null,
+        }),
+    };
+    let object = match prepared.endpoint {
+        Endpoint::Chat => "chat.completion",
+        Endpoint::Completions => "text_completion",
+    };
+    axum::Json(json!({
+        "id": completion_id(prepared.endpoint),
+        "object": object,
+        "created": now_secs(),
+        "model": prepared.model,
+        "choices": [choice],
+        "usage": usage_json(usage),
+    }))
+    .into_response()
+}
+
+/// The Server-Sent Events of a streaming request, ending with `data: [DONE]`.
+pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
+    let endpoint = prepared.endpoint;
+    let include_usage = prepared.include_usage;
+    let id = completion_id(endpoint);
+    let created = now_secs();
+    let model = prepared.model.clone();
+    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
+        match endpoint {
+            Endpoint::Chat => json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": null }],
+            }),
+            Endpoint::Completions => json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{
+                    "index": 0,
+                    "text": delta.get("content").and_then(Value::as_str).unwrap_or_default(),
+                    "finish_reason": finish,
+                    "logprobs": null,
+                }],
+            }),
+        }
+    };
+    enum State {
+        Start(crate::stream::ResponseStream),
+        Running(crate::stream::ResponseStream),
+        Done,
+    }
+    let first = match endpoint {
+        Endpoint::Chat => Some(chunk(json!({ "role": "assistant", "content": "" }), None)),
+        Endpoint::Completions => None,
+    };
+    let events = futures::stream::unfold(
+        (State::Start(stream.stream), first),
+        move |(state, first)| {
+            let chunk = chunk.clone();
+            async move {
+                let mut stream = match state {
+                    State::Done => return None,
+                    State::Start(stream) => {
+                        if let Some(first) = first {
+                            return Some((vec![first.to_string()], (State::Running(stream), None)));
+                        }
+                        stream
+                    }
+                    State::Running(stream) => stream,
+                };
+                let Some(message) = stream.next().await else {
+                    return Some((vec!["[DONE]".to_owned()], (State::Done, None)));
+                };
+                let mut out = Vec::new();
+                match message.result.map(|r| r.and_then(|response| piece(&response))) {
+                    Some(Ok(p)) => {
+                        if !p.text.is_empty() {
+                            out.push(chunk(json!({ "content": p.text }), None).to_string());
+                        }
+                        if let Some(reason) = &p.finish {
+                            let mut last = chunk(json!({}), Some(reason));
+                            if let (Endpoint::Completions, Some(c)) =
+                                (endpoint, last["choices"][0].as_object_mut())
+                            {
+                                c.insert("text".into(), json!(""));
+                            }
+                            out.push(last.to_string());
+                            if include_usage {
+                                let mut usage = chunk(json!({}), None);
+                                usage["choices"] = json!([]);
+                                usage["usage"] = usage_json(p.usage);
+                                out.push(usage.to_string());
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        out.push(
+                            json!({ "error": {
+                                "message": crate::infer::bounded(&e.message, crate::infer::MAX_ERROR_MESSAGE_BYTES),
+                                "type": "server_error",
+                            }})
+                            .to_string(),
+                        );
+                    }
+                    None => {}
+                }
+                Some((out, (State::Running(stream), None)))
+            }
+        },
+    )
+    .flat_map(|datas| {
+        futures::stream::iter(
+            datas
+                .into_iter()
+                .map(|data| Ok::<_, std::convert::Infallible>(Event::default().data(data))),
+        )
+    });
+    Sse::new(events).into_response()
+}
+
+/// `GET /v1/models`: the ready models that serve the chat or completions endpoint.
+pub fn models(server: &Server, principal: &Principal) -> Response {
+    let mut seen = BTreeMap::new();
+    for row in server.repository_index(principal, true) {
+        if seen.contains_key(&row.name) {
+            continue;
+        }
+        let Ok(metadata) = server.model_metadata(principal, &row.name, None) else {
+            continue;
+        };
+        let serves = check_contract(&metadata, Endpoint::Chat).is_ok()
+            || check_contract(&metadata, Endpoint::Completions).is_ok();
+        if serves {
+            seen.insert(row.name.clone(), model_json(&row.name));
+        }
+    }
+    axum::Json(json!({ "object": "list", "data": seen.into_values().collect::<Vec<_>>() }))
+        .into_response()
+}
+
+/// `GET /v1/models/{model}`.
+pub fn model(server: &Server, principal: &Principal, name: &str) -> Response {
+    let serves = server.model_metadata(principal, name, None).is_ok_and(|m| {
+        check_contract(&m, Endpoint::Chat).is_ok()
+            || check_contract(&m, Endpoint::Completions).is_ok()
+    });
+    if serves {
+        axum::Json(model_json(name)).into_response()
+    } else {
+        error_response(&InferError::not_found(format!(
+            "The model '{name}' does not exist"
+        )))
+    }
+}
+
+fn model_json(name: &str) -> Value {
+    json!({ "id": name, "object": "model", "created": 0, "owned_by": "tessera" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    #[test]
+    fn errors_have_openais_shape() {
+        let response = error_response(&InferError::invalid("bad"));
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let quota = InferError {
+            retry_after: Some(std::time::Duration::from_secs(3)),
+            ..InferError::new(ErrorKind::ResourceExhausted, "over quota")
+        };
+        let response = error_response(&quota);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "3");
+    }
+}

@@ -1,0 +1,208 @@
+"""The LLM pipeline around the engine, in TensorRT-LLM's layout, with sandboxed Wasm handlers:
+`preprocessing` (chat template, tokenizer), `postprocessing`, the `ensemble`, and the decoupled
+`tensorrt_llm_bls` (text in, text streamed out); and the OpenAI-compatible API on top, with the
+official `openai` client.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from openai import BadRequestError, NotFoundError, OpenAI
+from tokenizers import Tokenizer
+
+from conftest import MODEL_REPOSITORY, metric, wait_for
+from test_llm import PROMPTS, parallel, reference
+
+TOKENIZER = MODEL_REPOSITORY / "tensorrt_llm" / "1" / "tokenizer.json"
+BLS = "tensorrt_llm_bls"
+# SmolLM2's chat template, as the model ships it, puts this system prompt first.
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(TOKENIZER))
+
+
+@pytest.fixture(scope="module")
+def openai_client(server):
+    client = OpenAI(base_url=f"http://{server.host}:{server.http_port}/v1", api_key="unused",
+                    max_retries=0, timeout=120)
+    yield client
+    client.close()
+
+
+def post(server, path: str, body) -> tuple[int, dict | str]:
+    conn = http.client.HTTPConnection(server.host, server.http_port, timeout=120)
+    conn.request("POST", path, body if isinstance(body, bytes) else json.dumps(body))
+    response = conn.getresponse()
+    data = response.read().decode()
+    conn.close()
+    try:
+        return response.status, json.loads(data)
+    except json.JSONDecodeError:
+        return response.status, data
+
+
+def sse(server, path: str, body: dict) -> list[str]:
+    """The `data:` payloads of a Server-Sent Events answer."""
+    conn = http.client.HTTPConnection(server.host, server.http_port, timeout=120)
+    conn.request("POST", path, json.dumps(body))
+    response = conn.getresponse()
+    assert response.status == 200, response.read()
+    events = [line[len("data: "):] for line in response.read().decode().splitlines()
+              if line.startswith("data: ")]
+    conn.close()
+    return events
+
+
+def greedy_text(tokenizer, prompt: str, max_tokens: int) -> str:
+    ids = reference([tokenizer.encode(prompt).ids], max_tokens)[0]
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_the_ensemble_answers_llama_cpps_greedy_text(server, tokenizer):
+    for prompt in PROMPTS[:3]:
+        status, body = post(server, "/v2/models/ensemble/generate",
+                            {"text_input": prompt, "max_tokens": 24})
+        assert status == 200, body
+        assert body["text_output"] == greedy_text(tokenizer, prompt, 24), prompt
+
+
+def test_the_chat_template_is_the_models_own_rendered_by_jinja(server, tokenizer):
+    messages = [{"role": "user", "content": "Hi there"}]
+    client = grpcclient.InferenceServerClient(url=f"{server.host}:{server.grpc_port}")
+    try:
+        inputs = [grpcclient.InferInput("MESSAGES", [1, 1], "BYTES"),
+                  grpcclient.InferInput("REQUEST_OUTPUT_LEN", [1, 1], "INT32")]
+        inputs[0].set_data_from_numpy(np.array([[json.dumps(messages).encode()]], dtype=object))
+        inputs[1].set_data_from_numpy(np.array([[8]], dtype=np.int32))
+        result = client.infer("preprocessing", inputs)
+    finally:
+        client.close()
+    expected = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"
+                "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
+    assert result.as_numpy("INPUT_ID")[0].tolist() == tokenizer.encode(expected).ids
+    assert result.as_numpy("REQUEST_INPUT_LEN").tolist() == [[len(tokenizer.encode(expected).ids)]]
+    assert result.as_numpy("OUT_END_ID").tolist() == [[2]]
+
+
+def test_streamed_text_equals_the_single_answer_byte_for_byte(server):
+    """Chinese, emoji and English through the BLS model: the pieces of a stream concatenate
+    to exactly the one-response text, and no piece holds half a character."""
+    for prompt in PROMPTS:
+        status, whole = post(server, f"/v2/models/{BLS}/generate",
+                             {"text_input": prompt, "max_tokens": 40})
+        assert status == 200, whole
+        pieces = [json.loads(e)["text_output"] for e in sse(
+            server, f"/v2/models/{BLS}/generate_stream",
+            {"text_input": prompt, "max_tokens": 40, "stream": True})]
+        assert len(pieces) > 1
+        assert all("\ufffd" not in p for p in pieces), pieces
+        assert "".join(pieces) == whole["text_output"], prompt
+
+
+def test_openai_chat_and_completions_with_the_official_client(openai_client, tokenizer):
+    models = [m.id for m in openai_client.models.list()]
+    assert BLS in models and "tensorrt_llm" not in models
+
+    prompt = "The capital of France is"
+    completion = openai_client.completions.create(model=BLS, prompt=prompt, max_tokens=24)
+    assert completion.choices[0].text == greedy_text(tokenizer, prompt, 24)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.prompt_tokens == len(tokenizer.encode(prompt).ids)
+    assert completion.usage.completion_tokens == 24
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = openai_client.chat.completions.create(model=BLS, messages=messages, max_tokens=64)
+    text = chat.choices[0].message.content
+    assert chat.choices[0].message.role == "assistant" and text
+    assert chat.choices[0].finish_reason in ("stop", "length")
+
+    stream = openai_client.chat.completions.create(
+        model=BLS, messages=messages, max_tokens=64, stream=True,
+        stream_options={"include_usage": True})
+    pieces, finishes, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    assert "".join(pieces) == text
+    assert finishes == [chat.choices[0].finish_reason]
+    assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens
+    assert usage.prompt_tokens == chat.usage.prompt_tokens > 0
+
+
+def test_stop_strings_end_the_text_before_them(openai_client, tokenizer):
+    prompt = "1, 2, 3, 4,"
+    full = openai_client.completions.create(model=BLS, prompt=prompt, max_tokens=30).choices[0].text
+    assert " 7" in full, full
+    stopped = openai_client.completions.create(model=BLS, prompt=prompt, max_tokens=30, stop=[" 7"])
+    assert stopped.choices[0].text == full[:full.index(" 7")]
+    assert stopped.choices[0].finish_reason == "stop"
+    pieces = [c.choices[0].text for c in openai_client.completions.create(
+        model=BLS, prompt=prompt, max_tokens=30, stop=[" 7"], stream=True) if c.choices]
+    assert "".join(pieces) == stopped.choices[0].text
+
+
+def test_sixteen_openai_streams_at_once_are_all_right(openai_client, tokenizer):
+    prompts = [PROMPTS[i % 4] for i in range(16)]
+    expected = {p: greedy_text(tokenizer, p, 20) for p in set(prompts)}
+
+    def one(i: int) -> str:
+        stream = openai_client.completions.create(model=BLS, prompt=prompts[i], max_tokens=20,
+                                                  stream=True)
+        return "".join(c.choices[0].text for c in stream if c.choices)
+
+    for i, text in enumerate(parallel(16, one)):
+        assert text == expected[prompts[i]], prompts[i]
+
+
+def test_a_closed_openai_stream_frees_its_engine_slot(server):
+    for _ in range(20):
+        conn = http.client.HTTPConnection(server.host, server.http_port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"model": BLS, "prompt": "Tell me a long story", "max_tokens": 1000, "stream": True}))
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.read(6) == b"data: "  # the first event has begun
+        conn.close()  # the client goes away mid-stream
+    wait_for(lambda: metric(server, "tessera_llm_sequences_running", model="tensorrt_llm") == 0,
+             timeout=30)
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"{not json", "not a valid request"),
+    ({"model": BLS}, "'messages' is required"),
+    ({"model": BLS, "messages": []}, "must not be empty"),
+    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "n": 3}, "n and best_of"),
+    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "temperature": -2}, "temperature"),
+    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, "request_output_len"),
+    ({"model": BLS, "messages": [{"role": "user", "content": "word " * 3000}]}, "context per sequence"),
+    ({"model": "tensorrt_llm", "messages": [{"role": "user", "content": "hi"}]}, "does not serve"),
+])
+def test_bad_openai_requests_get_a_400_with_the_reason(server, body, says):
+    status, answer = post(server, "/v1/chat/completions", body)
+    assert status == 400, answer
+    assert says in answer["error"]["message"], answer
+    assert answer["error"]["type"] == "invalid_request_error"
+
+
+def test_an_unknown_model_is_a_404_and_invalid_utf8_a_400(server, openai_client):
+    with pytest.raises(NotFoundError):
+        openai_client.chat.completions.create(
+            model="no_such_model", messages=[{"role": "user", "content": "hi"}])
+    status, answer = post(server, "/v1/completions",
+                          b'{"model": "' + BLS.encode() + b'", "prompt": "\xff\xfe"}')
+    assert status == 400, answer
+    with pytest.raises(BadRequestError):
+        openai_client.completions.create(model=BLS, prompt=["a", "b"], max_tokens=4)
