@@ -227,7 +227,10 @@ impl Server {
             .with(BackendKind::Wasm, Arc::new(WasmBackend(wasm.clone())))
             .with(
                 BackendKind::Llm,
-                Arc::new(crate::backend::llm::LlmBackend(llm_metrics.clone())),
+                Arc::new(crate::backend::llm::LlmBackend {
+                    metrics: llm_metrics.clone(),
+                    meter: tenants.clone(),
+                }),
             )
             .with(
                 BackendKind::Ensemble,

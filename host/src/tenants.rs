@@ -86,6 +86,9 @@ pub struct Quotas {
     /// Priority level of the tenant's requests in models with priority levels (1 is highest;
     /// 0: the model's default), unless a request sets its own.
     pub priority: u32,
+    /// LLM tokens (prompt and generated) per minute, refilled continuously; a request is
+    /// admitted while the budget is not spent and pays for what it used; 0: no limit.
+    pub tokens_per_minute: u64,
 }
 
 impl Default for Quotas {
@@ -99,6 +102,7 @@ impl Default for Quotas {
             max_wasm_memory_bytes: 256 << 20,
             max_wasm_time_ms: 30_000,
             priority: 0,
+            tokens_per_minute: 0,
         }
     }
 }
@@ -165,6 +169,51 @@ pub struct TenantInfo {
 
 type RateLimiter = governor::DefaultDirectRateLimiter;
 
+/// A tenant's token budget (`tokens_per_minute`): a bucket of at most a minute's tokens that
+/// refills continuously. It may go below zero (a request pays for what it generated); requests
+/// are refused until it is above zero again.
+struct TokenBudget {
+    per_minute: u64,
+    /// (tokens left, when last refilled)
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBudget {
+    fn new(per_minute: u64) -> TokenBudget {
+        TokenBudget {
+            per_minute,
+            state: Mutex::new((per_minute as f64, Instant::now())),
+        }
+    }
+
+    fn per_second(&self) -> f64 {
+        self.per_minute as f64 / 60.0
+    }
+
+    /// The tokens left now, refilled.
+    fn refill(&self) -> std::sync::MutexGuard<'_, (f64, Instant)> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let refilled = state.0 + (now - state.1).as_secs_f64() * self.per_second();
+        *state = (refilled.min(self.per_minute as f64), now);
+        state
+    }
+
+    fn charge(&self, tokens: u64) {
+        self.refill().0 -= tokens as f64;
+    }
+
+    /// Ok while tokens are left; else how long until some are.
+    fn check(&self) -> Result<(), Duration> {
+        let left = self.refill().0;
+        if left > 0.0 {
+            return Ok(());
+        }
+        let rate = self.per_second().max(f64::MIN_POSITIVE);
+        Err(Duration::from_secs_f64(((1.0 - left) / rate).min(3600.0)))
+    }
+}
+
 /// Per-tenant request counters, for `/metrics`. Kept across quota changes.
 #[derive(Default)]
 pub struct TenantCounters {
@@ -173,6 +222,9 @@ pub struct TenantCounters {
     duration_us: AtomicU64,
     rejected_rate: AtomicU64,
     rejected_concurrency: AtomicU64,
+    rejected_tokens: AtomicU64,
+    /// LLM tokens charged to the tenant.
+    tokens: AtomicU64,
 }
 
 /// One tenant as requests see it: its record and the live state its quotas need.
@@ -181,6 +233,7 @@ pub struct Tenant {
     record: TenantRecord,
     concurrency: Arc<Semaphore>,
     rate: Option<Arc<RateLimiter>>,
+    tokens: Option<Arc<TokenBudget>>,
     counters: Arc<TenantCounters>,
 }
 
@@ -235,10 +288,16 @@ impl Tenant {
             None => NonZeroU32::new(quotas.requests_per_second)
                 .map(|rps| Arc::new(RateLimiter::direct(governor::Quota::per_second(rps)))),
         };
+        let tokens = match unchanged {
+            Some(p) => p.tokens.clone(),
+            None => (quotas.tokens_per_minute > 0)
+                .then(|| Arc::new(TokenBudget::new(quotas.tokens_per_minute))),
+        };
         Tenant {
             name: Arc::from(record.name.as_str()),
             concurrency,
             rate,
+            tokens,
             counters: previous.map_or_else(Default::default, |p| p.counters.clone()),
             record,
         }
@@ -277,6 +336,20 @@ impl Tenant {
                 wait,
             ));
         }
+        if let Some(tokens) = &self.tokens
+            && let Err(wait) = tokens.check()
+        {
+            self.counters
+                .rejected_tokens
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(quota_error(
+                format!(
+                    "tenant '{}' has spent its quota tokens_per_minute ({}); retry later",
+                    self.name, self.record.quotas.tokens_per_minute
+                ),
+                wait,
+            ));
+        }
         Ok(Admitted {
             _slot: slot,
             counters: self.counters.clone(),
@@ -290,6 +363,12 @@ fn quota_error(message: String, retry_after: Duration) -> InferError {
     InferError {
         retry_after: Some(retry_after),
         ..InferError::new(ErrorKind::ResourceExhausted, message)
+    }
+}
+
+impl crate::backend::llm::TokenMeter for Tenants {
+    fn charge(&self, tenant: &str, tokens: u64) {
+        self.charge_tokens(tenant, tokens);
     }
 }
 
@@ -531,6 +610,16 @@ impl Tenants {
         self.registry.load().by_name.get(name).cloned()
     }
 
+    /// Charges `tokens` LLM tokens to `tenant`'s budget (the engine calls it as they are used).
+    pub fn charge_tokens(&self, tenant: &str, tokens: u64) {
+        if let Some(t) = self.get(tenant) {
+            t.counters.tokens.fetch_add(tokens, Ordering::Relaxed);
+            if let Some(budget) = &t.tokens {
+                budget.charge(tokens);
+            }
+        }
+    }
+
     /// Whether `tenant` may call the operator's model `model`.
     pub fn granted(&self, tenant: &str, model: &str) -> bool {
         self.registry
@@ -738,6 +827,16 @@ impl Tenants {
                 &quota("max_concurrent_requests"),
                 load(&c.rejected_concurrency),
             );
+            family.sample(&quota("tokens_per_minute"), load(&c.rejected_tokens));
+        }
+        let mut family = Family::start(
+            out,
+            "tessera_tenant_tokens_total",
+            "counter",
+            "LLM tokens (prompt and generated) charged to a tenant",
+        );
+        for (name, t) in &registry.by_name {
+            family.sample(&[("tenant", name)], load(&t.counters.tokens));
         }
         let mut family = Family::start(
             out,
@@ -891,6 +990,20 @@ mod tests {
                 .is_some_and(|d| d <= Duration::from_secs(1))
         );
         Ok(())
+    }
+
+    #[test]
+    fn a_spent_token_budget_refuses_until_it_refills() {
+        let budget = TokenBudget::new(60); // one token a second
+        assert!(budget.check().is_ok());
+        budget.charge(70);
+        let wait = budget.check().expect_err("overspent");
+        // About 11 s until the balance is above zero again.
+        assert!((9.0..=12.0).contains(&wait.as_secs_f64()), "{wait:?}");
+        // It never holds more than a minute's tokens.
+        let fresh = TokenBudget::new(60);
+        fresh.state.lock().unwrap_or_else(|p| p.into_inner()).1 -= Duration::from_secs(600);
+        assert!(fresh.refill().0 <= 60.0);
     }
 
     #[test]

@@ -206,3 +206,43 @@ def test_an_unknown_model_is_a_404_and_invalid_utf8_a_400(server, openai_client)
     assert status == 400, answer
     with pytest.raises(BadRequestError):
         openai_client.completions.create(model=BLS, prompt=["a", "b"], max_tokens=4)
+
+
+def test_a_tenant_over_its_token_quota_gets_429_with_retry_after(tmp_path):
+    """A tenant with tokens_per_minute 60 overspends it on one completion (prompt and generated
+    tokens count) and is refused the next with 429 and a Retry-After of when its budget is
+    back above zero; the operator is not limited."""
+    from test_tenants import ADMIN_KEY, admin
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("tensorrt_llm", BLS):
+        (repo / name).symlink_to(MODEL_REPOSITORY / name, target_is_directory=True)
+    key_file = tmp_path / "admin.key"
+    key_file.write_text(ADMIN_KEY)
+    from conftest import binary, launch, stop
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo),
+                                       "--admin-key-file", str(key_file)])
+    try:
+        admin(srv, "POST", "/v1/tenants", {"name": "acme"})
+        key = admin(srv, "POST", "/v1/tenants/acme/keys")["key"]
+        for model in ("tensorrt_llm", BLS):
+            admin(srv, "POST", f"/v1/tenants/acme/grants/{model}")
+        admin(srv, "PUT", "/v1/tenants/acme/quotas", {"tokens_per_minute": 60})
+        base = f"http://{srv.host}:{srv.http_port}/v1"
+        tenant = OpenAI(base_url=base, api_key=key, max_retries=0)
+        # Far more than a minute's tokens (the budget refills while it generates).
+        first = tenant.completions.create(model=BLS, prompt="Once upon a time", max_tokens=160)
+        assert first.usage.total_tokens > 120
+        from openai import RateLimitError
+        with pytest.raises(RateLimitError) as refused:
+            tenant.completions.create(model=BLS, prompt="Once upon a time", max_tokens=8)
+        retry_after = int(refused.value.response.headers["retry-after"])
+        assert 1 <= retry_after <= 160
+        assert "tokens_per_minute" in refused.value.message
+        operator = OpenAI(base_url=base, api_key=ADMIN_KEY, max_retries=0)
+        assert operator.completions.create(model=BLS, prompt="Hi", max_tokens=4).choices
+        tenant.close()
+        operator.close()
+    finally:
+        stop(proc, log)

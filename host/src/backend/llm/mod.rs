@@ -31,8 +31,17 @@ use crate::metrics::ExecutionTiming;
 use crate::stream::{ResponseSender, TrySendError};
 use engine::{Engine, EngineSettings, Event, Finish, ModelFacts, Step};
 
-/// The `llamacpp` backend, recording into the server's engine metrics.
-pub struct LlmBackend(pub Arc<metrics::EngineRegistry>);
+/// Where an engine reports the tokens a tenant's requests use (for a tenant's
+/// `tokens_per_minute`).
+pub trait TokenMeter: Send + Sync {
+    fn charge(&self, tenant: &str, tokens: u64);
+}
+
+/// The `llamacpp` backend: records into the server's engine metrics and charges tenants.
+pub struct LlmBackend {
+    pub metrics: Arc<metrics::EngineRegistry>,
+    pub meter: Arc<dyn TokenMeter>,
+}
 
 /// A whole-number parameter of the configuration, with its default.
 fn number(config: &ModelConfig, key: &str, default: u32) -> Result<u32, LoadError> {
@@ -113,7 +122,7 @@ impl Backend for LlmBackend {
                 facts.description
             );
             let metrics = self
-                .0
+                .metrics
                 .for_model(crate::namespace::shown(&ctx.name));
             metrics.kv_cells.store(
                 u64::from(facts.slots) * u64::from(facts.context_per_slot),
@@ -122,6 +131,7 @@ impl Backend for LlmBackend {
             let instance: Box<dyn ModelInstance> = Box::new(LlmInstance {
                 engine,
                 metrics,
+                meter: self.meter.clone(),
                 free: (0..facts.slots).rev().collect(),
                 facts,
                 exclude_input,
@@ -175,6 +185,7 @@ impl Active {
 pub struct LlmInstance {
     engine: Engine,
     metrics: Arc<metrics::EngineMetrics>,
+    meter: Arc<dyn TokenMeter>,
     facts: ModelFacts,
     exclude_input: bool,
     /// Free sequence slots.
@@ -259,6 +270,10 @@ impl LlmInstance {
                 backlog: VecDeque::new(),
             },
         );
+        if let Some(tenant) = &call.cx.tenant {
+            self.meter
+                .charge(tenant, parsed.generation.prompt.len() as u64);
+        }
         self.admit.push((slot, parsed.generation));
         Ok(InferResponse::default())
     }
@@ -369,6 +384,9 @@ impl LlmInstance {
         active.last_token = Some(now);
         if token.is_some() {
             active.generated += 1;
+            if let Some(tenant) = &active.tenant {
+                self.meter.charge(tenant, 1);
+            }
         }
         if active.streaming {
             // `tokens` holds what was held back for an unfinished character.
