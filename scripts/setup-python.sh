@@ -26,6 +26,8 @@ PINS=(
   "gguf==0.19.0"
   "tokenizers==0.23.3"
   "openai==3.57.0"
+  # The TensorRT-LLM guide's client tokenizes with transformers (no torch needed for that).
+  "transformers==5.24.0"
 )
 
 if [ ! -x .venv/bin/python ]; then

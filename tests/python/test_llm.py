@@ -298,3 +298,21 @@ def test_a_long_prompt_joins_decoding_streams_in_chunks(server, tokenizer):
             - llm_metric(server, histogram, le="16")) - over_before
     assert over == 0, f"{over} steps prefilled more than 16 prompt tokens while others decoded"
     assert results[8] == reference([long_prompt], 4)[0]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_tensorrt_llm_guides_grpc_client_runs_unchanged(server, tokenizer, streaming):
+    """The serving guide's client (tests/python/clients/trtllm_guide_client.py) against the
+    engine model: its answer is llama.cpp's greedy answer, with and without streaming."""
+    import sys
+    text = "请介绍一下浪潮信息？"
+    client = Path(__file__).parent / "clients" / "trtllm_guide_client.py"
+    command = [sys.executable, str(client), str(GGUF.parent), f"{server.host}:{server.grpc_port}",
+               MODEL, text, "--output-len", "48"] + (["--streaming"] if streaming else [])
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout.splitlines()[-1])
+    expected = reference([tokenizer.encode(text).ids], 48)[0]
+    assert answer["output_ids"] == expected
+    assert answer["text"] == tokenizer.decode(expected, skip_special_tokens=False)
