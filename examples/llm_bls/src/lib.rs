@@ -6,7 +6,8 @@
 //! - `max_tokens` (INT32 `[1]`); `stream` (BOOL `[1]`, default false);
 //! - optional sampling: `temperature`, `top_p`, `min_p`, `repetition_penalty`,
 //!   `presence_penalty`, `frequency_penalty` (FP32 `[1]`), `top_k` (INT32 `[1]`), `seed` (UINT64
-//!   `[1]`); `stop` (BYTES `[-1]`): strings that end generation and are left out of the text.
+//!   `[1]`), `min_tokens` (INT32 `[1]`: end tokens are ignored before this many); `stop` (BYTES
+//!   `[-1]`): strings that end generation and are left out of the text.
 //!
 //! Output `text_output` (BYTES `[1]`): with `stream`, one response per piece of new text (never
 //! half a character, never part of a stop string), else one response with all of it. The last
@@ -57,6 +58,7 @@ const SAMPLING: &[(&str, &str)] = &[
     ("frequency_penalty", "frequency_penalty"),
     ("top_k", "runtime_top_k"),
     ("seed", "random_seed"),
+    ("min_tokens", "min_length"),
 ];
 
 fn utf8(tensor: &Tensor) -> Result<String, Error> {

@@ -122,6 +122,8 @@ struct Body {
     #[serde(default)]
     top_k: Option<i64>,
     #[serde(default)]
+    min_tokens: Option<i64>,
+    #[serde(default)]
     min_p: Option<f64>,
     #[serde(default)]
     repetition_penalty: Option<f64>,
@@ -345,6 +347,17 @@ pub fn prepare(
             "top_k",
             DataType::Int32,
             k.to_le_bytes().to_vec(),
+        ));
+    }
+    if let Some(n) = body.min_tokens {
+        let n = i32::try_from(n)
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| invalid(format!("min_tokens {n} is out of range")))?;
+        inputs.push(scalar_tensor(
+            "min_tokens",
+            DataType::Int32,
+            n.to_le_bytes().to_vec(),
         ));
     }
     if let Some(seed) = body.seed {

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Load for generative models: time to first token, inter-token latency and output tokens/s at
+a number of concurrent streams, the same for any server, from one process.
+
+    llm_load.py grpc   HOST:PORT PID LABEL MODEL STREAMS,... [options]
+    llm_load.py openai HOST:PORT PID LABEL MODEL STREAMS,... [options]
+
+grpc: KServe v2 gRPC ModelStreamInfer with TensorRT-LLM's tensors (`input_ids`,
+`request_output_len`, `streaming`, `min_length`) → `output_ids`: the engine model of tessera
+(tensorrt_llm) or Triton's Python-backend peer (bench/triton_models/llm_engine).
+openai: `POST /v1/completions` with `stream: true` (Server-Sent Events) and `min_tokens`: the
+whole pipeline (front-end, Wasm BLS handler with tokenizer and detokenizer, engine).
+
+Each of STREAMS workers sends REQUESTS requests back to back, each a distinct prompt of PROMPT
+tokens asking for exactly GENERATED tokens. Metrics as genai-perf defines them: time to first
+token (send → first token), inter-token latency (gap between responses ÷ tokens in the later
+one), output tokens/s (all tokens ÷ wall time). Server CPU per token is the PID's process
+tree's CPU time (Triton runs Python models in stub processes) ÷ tokens. With --long-prompt N,
+one extra request with an N-token prompt starts a second into the level, and the row reports
+the inter-token latency of the others while it runs. Prints one markdown row per level.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import threading
+import time
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    parents, ticks = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return sum(ticks.get(pid, 0) for pid in tree) / TICK
+
+
+def pct(values, q):
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def prompt_ids(n: int, salt: int) -> list[int]:
+    """A distinct prompt of n ordinary tokens (ids past the special ones)."""
+    return [100 + ((i * 7 + salt * 13) % 20000) for i in range(n)]
+
+
+class Record:
+    """One request: when it was sent, and when each response came with how many tokens."""
+
+    def __init__(self):
+        self.sent = time.perf_counter()
+        self.arrivals: list[tuple[float, int]] = []
+
+    def tokens(self) -> int:
+        return sum(n for _, n in self.arrivals)
+
+
+def grpc_request(model: str, ids: list[int], generated: int) -> service_pb2.ModelInferRequest:
+    req = service_pb2.ModelInferRequest(model_name=model)
+    for name, values, dtype in (("input_ids", ids, "INT32"), ("request_output_len", [generated], "INT32"),
+                                ("min_length", [generated], "INT32"), ("streaming", [True], "BOOL")):
+        t = req.inputs.add(name=name, datatype=dtype, shape=[1, len(values)])
+        if dtype == "BOOL":
+            t.contents.bool_contents.extend(values)
+        else:
+            t.contents.int_contents.extend(values)
+    return req
+
+
+def run_grpc(target: str, model: str, ids: list[int], generated: int, channel) -> Record:
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    record = Record()
+    for response in stub.ModelStreamInfer(iter([grpc_request(model, ids, generated)])):
+        if response.error_message:
+            raise RuntimeError(response.error_message)
+        now = time.perf_counter()
+        out = response.infer_response
+        n = 0
+        for i, output in enumerate(out.outputs):
+            if output.name == "output_ids":
+                if out.raw_output_contents:
+                    n = len(out.raw_output_contents[i]) // 4
+                else:
+                    n = len(output.contents.int_contents)
+        if n:
+            record.arrivals.append((now, n))
+        final = out.parameters.get("triton_final_response")
+        if final is not None and final.bool_param:
+            break
+        if record.tokens() >= generated:
+            break
+    return record
+
+
+def run_openai(target: str, model: str, text: str, generated: int, _channel) -> Record:
+    host, port = target.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    body = {"model": model, "prompt": text, "max_tokens": generated, "min_tokens": generated,
+            "stream": True}
+    record = Record()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"{response.status}: {response.read()[:300]!r}")
+    while True:
+        line = response.fp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        data = line[len(b"data: "):]
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"])
+        if chunk["choices"] and chunk["choices"][0]["text"]:
+            # One streamed piece of text per engine response (a token, or two for a split
+            # character): counted as one token here, the usual client-side view.
+            record.arrivals.append((time.perf_counter(), 1))
+    conn.close()
+    return record
+
+
+def level(args, streams: int, run, prompts) -> dict:
+    records: list[Record] = []
+    lock = threading.Lock()
+    errors: list[str] = []
+    long_window: list[float] = []
+
+    def worker(w: int):
+        channel = grpc.insecure_channel(args.target) if args.mode == "grpc" else None
+        try:
+            for r in range(args.requests):
+                rec = run(args.target, args.model, prompts(w * 1000 + r, args.prompt),
+                          args.generated, channel)
+                with lock:
+                    records.append(rec)
+        except Exception as e:  # noqa: BLE001 - reported in the row
+            errors.append(str(e))
+        finally:
+            if channel is not None:
+                channel.close()
+
+    def long_one():
+        time.sleep(1.0)
+        channel = grpc.insecure_channel(args.target) if args.mode == "grpc" else None
+        start = time.perf_counter()
+        try:
+            run(args.target, args.model, prompts(999_999, args.long_prompt), 4, channel)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"long prompt: {e}")
+        long_window.extend([start, time.perf_counter()])
+
+    cpu0 = tree_cpu_seconds(args.pid)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(streams)]
+    if args.long_prompt:
+        threads.append(threading.Thread(target=long_one))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    cpu = tree_cpu_seconds(args.pid) - cpu0
+    ttft, itl, itl_during_long = [], [], []
+    tokens = 0
+    for rec in records:
+        tokens += rec.tokens()
+        if rec.arrivals:
+            ttft.append(rec.arrivals[0][0] - rec.sent)
+        for (a, _), (b, n) in zip(rec.arrivals, rec.arrivals[1:]):
+            gap = (b - a) / n
+            itl.append(gap)
+            if long_window and long_window[0] <= b <= long_window[1]:
+                itl_during_long.append(gap)
+    return {
+        "streams": streams, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
+        "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
+        "itl_long_p99": pct(itl_during_long, 99),
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "cpu_us_per_token": cpu / tokens * 1e6 if tokens else float("nan"),
+        "errors": errors,
+    }
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["grpc", "openai"])
+    p.add_argument("target")
+    p.add_argument("pid", type=int)
+    p.add_argument("label")
+    p.add_argument("model")
+    p.add_argument("streams")
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--generated", type=int, default=128)
+    p.add_argument("--requests", type=int, default=2)
+    p.add_argument("--long-prompt", type=int, default=0)
+    p.add_argument("--tokenizer", help="tokenizer.json, to make prompt text of --prompt tokens (openai)")
+    args = p.parse_args()
+
+    if args.mode == "grpc":
+        run = run_grpc
+
+        def prompts(salt: int, n: int) -> list[int]:
+            return prompt_ids(n, salt)
+    else:
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+        run = run_openai
+
+        def prompts(salt: int, n: int) -> str:
+            # Ordinary tokens decoded to text: about n tokens when the server tokenizes it.
+            return tokenizer.decode(prompt_ids(n, salt), skip_special_tokens=True)
+
+    for streams in [int(s) for s in args.streams.split(",")]:
+        r = level(args, streams, run, prompts)
+        long_note = f" (+{args.long_prompt}-token prompt: ITL p99 {r['itl_long_p99'] * 1e3:.1f} ms)" if args.long_prompt else ""
+        err = f" errors: {len(r['errors'])} ({r['errors'][0][:80]})" if r["errors"] else ""
+        print(f"| {args.label} | {streams} | {r['ttft_p50'] * 1e3:.0f} | {r['ttft_p99'] * 1e3:.0f} | "
+              f"{r['itl_p50'] * 1e3:.1f} | {r['itl_p99'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | "
+              f"{r['cpu_us_per_token']:.0f} |{long_note}{err}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
