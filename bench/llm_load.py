@@ -24,41 +24,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import threading
 import time
 
 import grpc
-import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_seconds(root: int) -> float:
-    parents, ticks = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
-    tree, grew = {root}, True
-    while grew:
-        grew = False
-        for pid, parent in parents.items():
-            if parent in tree and pid not in tree:
-                tree.add(pid)
-                grew = True
-    return sum(ticks.get(pid, 0) for pid in tree) / TICK
-
-
-def pct(values, q):
-    return float(np.percentile(values, q)) if values else float("nan")
+from stream_load import pct, tree_cpu_seconds
 
 
 def prompt_ids(n: int, salt: int) -> list[int]:

@@ -235,6 +235,17 @@ def test_streaming_over_a_unary_call_is_refused(server, tokenizer):
     wait_for(lambda: llm_metric(server, "tessera_llm_sequences_running") == 0)
 
 
+def rss_bytes(server) -> int | None:
+    """The server's resident memory (None when the tests run against an external server)."""
+    if server.process is None:
+        return None
+    with open(f"/proc/{server.process.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
 def raw_stream_request(ids: list[int], max_tokens: int) -> service_pb2.ModelInferRequest:
     req = service_pb2.ModelInferRequest(model_name=MODEL)
     for name, values, dtype in (("input_ids", ids, "INT32"), ("request_output_len", [max_tokens], "INT32"),
@@ -254,6 +265,7 @@ def test_cancelled_streams_free_their_slots_within_a_step(server, tokenizer):
     channel = grpc_lib.insecure_channel(f"{server.host}:{server.grpc_port}")
     stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
     cancelled_before = llm_metric(server, "tessera_llm_requests_cancelled_total")
+    rss_before = rss_bytes(server)
     try:
         def cancel_many(worker: int):
             for _ in range(125):
@@ -268,6 +280,9 @@ def test_cancelled_streams_free_their_slots_within_a_step(server, tokenizer):
     assert llm_metric(server, "tessera_llm_kv_cache_used_tokens") == 0
     cancelled = llm_metric(server, "tessera_llm_requests_cancelled_total") - cancelled_before
     assert cancelled >= 990, f"only {cancelled} of 1000 streams were counted as cancelled"
+    if rss_before is not None:
+        grown = rss_bytes(server) - rss_before
+        assert grown < 64 << 20, f"the server grew by {grown >> 20} MiB over 1,000 cancelled streams"
     answers = parallel(16, lambda i: generate(server, ids, 8))
     assert all(len(a) == 8 for a in answers)
 
