@@ -4,6 +4,7 @@ a number of concurrent streams, the same for any server, from one process.
 
     llm_load.py grpc   HOST:PORT PID LABEL MODEL STREAMS,... [options]
     llm_load.py openai HOST:PORT PID LABEL MODEL STREAMS,... [options]
+    llm_load.py bare-row LABEL < llm_bare-report.json
 
 grpc: KServe v2 gRPC ModelStreamInfer with TensorRT-LLM's tensors (`input_ids`,
 `request_output_len`, `streaming`, `min_length`) → `output_ids`: the engine model of tessera
@@ -179,7 +180,20 @@ def level(args, streams: int, run, prompts) -> dict:
     }
 
 
+def bare_row(label: str) -> None:
+    """A row from llm_bare's JSON report (stdin): llama.cpp's own loop has one TTFT for all."""
+    import sys
+    r = json.loads(sys.stdin.read())
+    ttft = r["ttft_s"] * 1e3
+    print(f"| {label} | {r['streams']} | {ttft:.0f} | {ttft:.0f} | {r['itl_p50_ms']:.1f} | "
+          f"{r['itl_p99_ms']:.1f} | {r['output_tokens_per_s']:.0f} | - |", flush=True)
+
+
 def main():
+    import sys
+    if sys.argv[1:2] == ["bare-row"]:
+        bare_row(sys.argv[2])
+        return
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["grpc", "openai"])
     p.add_argument("target")

@@ -42,10 +42,7 @@ if has bare; then
   [ "${SKIP_BUILD:-0}" = 1 ] || (cargo build --release -p tessera --example llm_bare) >&2
   for s in ${STREAMS//,/ }; do
     "$ROOT/target/release/examples/llm_bare" bench "$GGUF" "$s" "$PROMPT" "$GENERATED" \
-      | "$ROOT/.venv/bin/python" -c '
-import json, sys
-r = json.loads(sys.stdin.read())
-print(f"| bare llama.cpp | {r[\"streams\"]} | {r[\"ttft_s\"] * 1e3:.0f} | {r[\"ttft_s\"] * 1e3:.0f} | {r[\"itl_p50_ms\"]:.1f} | {r[\"itl_p99_ms\"]:.1f} | {r[\"output_tokens_per_s\"]:.0f} | - |")' \
+      | "${LOAD[@]}" bare-row "bare llama.cpp" \
       | tee -a "$ROWS"
   done
 fi

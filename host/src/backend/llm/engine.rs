@@ -38,6 +38,9 @@ pub struct EngineSettings {
     /// Prompt tokens a step adds while other sequences decode (`prefill_chunk_tokens`): the
     /// bound on how much a new prompt slows the running streams.
     pub prefill_chunk: u32,
+    /// Waiting prompts per decoding sequence from which a step prefills with its whole budget
+    /// rather than a chunk (`waiting_served_ratio`, TGI's name); `None`: always a chunk.
+    pub waiting_served_ratio: Option<f32>,
     pub threads: i32,
 }
 
@@ -431,9 +434,21 @@ impl TokenLoop<'_> {
             used += 1;
         }
         report.decoded = used;
-        // Prompts: everything while nothing decodes (the quickest first token), else a chunk.
-        let mut budget = if used == 0 {
-            capacity
+        // Prompts: the whole budget while nothing decodes, or while many wait compared with
+        // those decoding (a burst of new requests: the sooner they all decode, the fuller and
+        // cheaper per token every later step, as TGI's waiting_served_ratio); else a chunk, so a
+        // prompt joining running streams slows each of their steps by a bounded amount.
+        let waiting = self
+            .sequences
+            .iter()
+            .filter(|s| s.next.is_none() && s.prefilled < s.request.prompt.len())
+            .count();
+        let burst = self
+            .settings
+            .waiting_served_ratio
+            .is_some_and(|ratio| waiting as f32 >= ratio * used as f32);
+        let mut budget = if used == 0 || burst {
+            capacity.saturating_sub(used)
         } else {
             (self.settings.prefill_chunk as usize).min(capacity.saturating_sub(used))
         };

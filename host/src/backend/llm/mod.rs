@@ -78,6 +78,20 @@ fn settings(ctx: &LoadContext) -> Result<EngineSettings, LoadError> {
             "max_sequence_length and max_num_batched_tokens must be at least 16, prefill_chunk_tokens at least 1",
         ));
     }
+    let waiting_served_ratio = match config::string_parameter(config, "waiting_served_ratio") {
+        None => None,
+        Some(text) => text
+            .trim()
+            .parse::<f32>()
+            .ok()
+            .filter(|r| r.is_finite() && *r >= 0.0)
+            .ok_or_else(|| {
+                LoadError::invalid(format!(
+                    "parameter 'waiting_served_ratio' must be a number >= 0, got '{text}'"
+                ))
+            })
+            .map(Some)?,
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let threads = number(config, "threads", cores)?.max(1);
     Ok(EngineSettings {
@@ -86,6 +100,7 @@ fn settings(ctx: &LoadContext) -> Result<EngineSettings, LoadError> {
         context_per_slot,
         max_step_tokens,
         prefill_chunk,
+        waiting_served_ratio,
         threads: i32::try_from(threads).unwrap_or(1),
     })
 }
