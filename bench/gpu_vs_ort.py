@@ -17,6 +17,12 @@ e.g. `source scripts/gpu/env.sh`), on a temporary repository, and prints one tab
   bench/gpu_vs_ort.py --model model_repository/minilm --concurrency 1,4,16,64
   bench/gpu_vs_ort.py --wide-mlp 4096 --concurrency 1,4,16,64     # a generated 8-layer MLP
   bench/gpu_vs_ort.py --cpu --model model_repository/minilm         # both on the CPU (no GPU needed)
+  bench/gpu_vs_ort.py --wide-mlp 4096 --load perf_analyzer --instances 2   # C++ load, 2 instances
+
+The load: Python client processes (default), or Triton's perf_analyzer (--load perf_analyzer;
+PERF_ANALYZER names the binary, default `perf_analyzer` on PATH), whose C++ client costs far less
+CPU per request. The "busy" column is the share of all cores busy during the level: near 100 %
+means the machine (clients and server together) was the limit, not the GPU.
 """
 import argparse, http.client, json, multiprocessing, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
 
@@ -131,6 +137,31 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def busy_ticks():
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def perf_analyzer(port, model, conc, seconds, work, feed):
+    """perf_analyzer at one concurrency, one-row requests over HTTP, sending `feed` (the rows the
+    Python clients send): returns p99 (seconds) from its own report."""
+    csv, data = f"{work}/pa-{conc}.csv", f"{work}/pa-data.json"
+    with open(data, "w") as f:
+        json.dump({"data": [{name: {"content": value.reshape(-1).tolist(), "shape": list(value.shape[1:])}
+                             for name, value in feed.items()}]}, f)
+    subprocess.run([os.environ.get("PERF_ANALYZER", "perf_analyzer"), "-m", model, "-u", f"127.0.0.1:{port}",
+                    "--input-data", data,
+                    "-i", "http", "--concurrency-range", f"{conc}:{conc}",
+                    # three windows averaged, whatever their spread (as ../shared's v2_load.sh falls back to)
+                    "--measurement-interval", str(int(seconds * 1000 / 3)), "--max-trials", "3",
+                    "--stability-percentage", "1000", "-f", csv],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=seconds * 10 + 60)
+    header, row = [line.split(",") for line in open(csv).read().splitlines()[:2]]
+    return float(dict(zip(header, row))["p99 latency"]) / 1e6
+
+
 def stats(port, model):
     conn = http.client.HTTPConnection("127.0.0.1", port)
     conn.request("GET", f"/v2/models/{model}/stats")
@@ -147,6 +178,8 @@ def main():
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--port", type=int, default=18100)
     p.add_argument("--cpu", action="store_true", help="both sides on the CPU (checks the script anywhere)")
+    p.add_argument("--instances", type=int, default=1, help="instances of the model (instance_group count)")
+    p.add_argument("--load", choices=["python", "perf_analyzer"], default="python")
     a = p.parse_args()
     binary = os.environ.get("TESSERA_BIN", "target/release/tessera")
     work = tempfile.mkdtemp(prefix="gpu-bench-")
@@ -167,8 +200,8 @@ def main():
         with open(f"{work}/repo/{name}/config.pbtxt", "w") as f:
             f.write(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {a.max_batch}\n'
                     f'dynamic_batching {{ max_queue_delay_microseconds: 100 }}\n'
-                    + ("instance_group [{ kind: KIND_CPU count: 1 }]\n" if a.cpu
-                       else "instance_group [{ kind: KIND_GPU count: 1 gpus: [0] }]\n"))
+                    + (f"instance_group [{{ kind: KIND_CPU count: {a.instances} }}]\n" if a.cpu
+                       else f"instance_group [{{ kind: KIND_GPU count: {a.instances} gpus: [0] }}]\n"))
         server = subprocess.Popen([binary, "--model-repository", f"{work}/repo", "--http-port", str(a.port),
                                    "--allow-grpc", "false", "--allow-metrics", "false", "--strict-model-config=false",
                                    "--strict-readiness=true", "--store", f"{work}/store"],
@@ -190,17 +223,26 @@ def main():
             feed = example_inputs(specs, 1)
             rows_table = []
             for conc in [int(c) for c in a.concurrency.split(",")]:
-                with multiprocessing.Pool(conc) as pool:
-                    pool.map(client, [(a.port, name, feed, 1.0, outs)] * conc)  # warm up
+                if a.load == "perf_analyzer":
+                    # perf_analyzer warms up by itself; its window is the level's, measured here
+                    # as for the Python clients (server stats and CPU around the whole run).
                     inf0, exe0 = stats(a.port, name)
-                    cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
-                    lat = [x for l in pool.map(client, [(a.port, name, feed, a.seconds, outs)] * conc) for x in l]
-                    wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
+                    cpu0, t0, ticks0 = cpu_seconds(server.pid), time.perf_counter(), busy_ticks()
+                    p99 = perf_analyzer(a.port, name, conc, a.seconds, work, feed) * 1e3
+                else:
+                    with multiprocessing.Pool(conc) as pool:
+                        pool.map(client, [(a.port, name, feed, 1.0, outs)] * conc)  # warm up
+                        inf0, exe0 = stats(a.port, name)
+                        cpu0, t0, ticks0 = cpu_seconds(server.pid), time.perf_counter(), busy_ticks()
+                        lat = [x for l in pool.map(client, [(a.port, name, feed, a.seconds, outs)] * conc) for x in l]
+                    p99 = statistics.quantiles(lat, n=100)[98] * 1e3 if len(lat) > 1 else float("nan")
+                wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
+                ticks1 = busy_ticks()
+                busy = (ticks1[0] - ticks0[0]) / max(1, ticks1[1] - ticks0[1])
                 inf1, exe1 = stats(a.port, name)
                 rows = (inf1 - inf0) / wall
                 batch = (inf1 - inf0) / max(1, exe1 - exe0)
-                p99 = statistics.quantiles(lat, n=100)[98] * 1e3 if len(lat) > 1 else float("nan")
-                rows_table.append((conc, rows, p99, cpu / max(1, inf1 - inf0) * 1e6, batch))
+                rows_table.append((conc, rows, p99, cpu / max(1, inf1 - inf0) * 1e6, batch, busy))
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
@@ -208,10 +250,12 @@ def main():
         device = "CPU" if a.cpu else "GPU"
         rates = bare_engine(onnx_path, specs, sizes, a.seconds,
                             "CPUExecutionProvider" if a.cpu else "CUDAExecutionProvider")
-        print(f"\n{label}: Tessera (HTTP, dynamic batching, 1 {device} instance) vs bare ONNX Runtime, same {device}")
-        print(f"{'conc':>5} {'rows/s':>10} {'p99 ms':>8} {'CPU us/inf':>11} {'avg batch':>10} {'bare rows/s':>12} {'ratio':>6}")
-        for (conc, rows, p99, cpu_us, batch), size in zip(rows_table, sizes):
-            print(f"{conc:>5} {rows:>10,.0f} {p99:>8.2f} {cpu_us:>11.1f} {batch:>10.1f} "
+        print(f"\n{label}: Tessera (HTTP, dynamic batching, {a.instances} {device} instance(s), load: {a.load}) "
+              f"vs bare ONNX Runtime, same {device}")
+        print(f"{'conc':>5} {'rows/s':>10} {'p99 ms':>8} {'CPU us/inf':>11} {'avg batch':>10} {'busy':>5} "
+              f"{'bare rows/s':>12} {'ratio':>6}")
+        for (conc, rows, p99, cpu_us, batch, busy), size in zip(rows_table, sizes):
+            print(f"{conc:>5} {rows:>10,.0f} {p99:>8.2f} {cpu_us:>11.1f} {batch:>10.1f} {busy:>5.0%} "
                   f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -12,6 +12,7 @@
 //!         first token, the inter-token latencies (p50, p99) and output tokens/s.
 //!
 //! Threads: all cores, as the server's engine uses by default (`LLM_THREADS` to change).
+//! `LLM_GPU=1` puts every layer on the GPU (a build with `--features llm-cuda`); else the CPU.
 
 use std::io::BufRead;
 use std::num::NonZeroU32;
@@ -164,7 +165,9 @@ fn main() -> anyhow::Result<()> {
         bail!(usage)
     };
     let path = args.get(2).context(usage)?;
-    let model = LlamaModel::load_from_file(&backend, path, &LlamaModelParams::default())?;
+    let on_gpu = std::env::var("LLM_GPU").is_ok_and(|v| v == "1");
+    let params = LlamaModelParams::default().with_n_gpu_layers(if on_gpu { u32::MAX } else { 0 });
+    let model = LlamaModel::load_from_file(&backend, path, &params)?;
     let arg = |i: usize| -> anyhow::Result<usize> {
         args.get(i).context(usage)?.parse().context("a number")
     };

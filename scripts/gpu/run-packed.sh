@@ -1,32 +1,58 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine with no network, from what scripts/gpu/pack.sh gathered in .gpu-pack/:
-# unpacks the onnxruntime-gpu wheel once, points the server and the bench at it and at NVIDIA's
-# CUDA libraries in python3's site-packages, then runs the GPU checks.
-#   bash .gpu-pack/p1/run.sh [e2e|bench|all]      (default: all)
+# Runs on a GPU machine with no network, from the parts scripts/gpu/pack.sh made in .gpu-pack/:
+# unpacks them once into /tmp/tessera-gpu, points the server and the benches at the packed ONNX
+# Runtime and at NVIDIA's CUDA libraries in python3's site-packages, then runs the GPU checks.
+#   bash scripts/gpu/run-packed.sh [e2e|bench|llm|all]      (default: all)
+# e2e: scripts/gpu/e2e.sh. bench: bench/gpu_vs_ort.py on MiniLM and a wide MLP. llm: the LLM
+# engine on the GPU against the CPU (bench/llm_gpu.sh), if the pack holds the CUDA build.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-PACK="$ROOT/.gpu-pack"
-UNPACKED=/tmp/tessera-gpu/ort
-if ! ls "$UNPACKED"/onnxruntime/capi/libonnxruntime.so.1.* > /dev/null 2>&1; then
-  mkdir -p /tmp/tessera-gpu
-  cat "$PACK"/p*/wheel.part.* > /tmp/tessera-gpu/ort.whl
-  python3 -m zipfile -e /tmp/tessera-gpu/ort.whl "$UNPACKED"
-  rm /tmp/tessera-gpu/ort.whl
+G=/tmp/tessera-gpu
+if [ ! -f "$G/.unpacked" ]; then
+  mkdir -p "$G"
+  if command -v xz > /dev/null; then unxz=(xz -dc -T0); else
+    unxz=(python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)')
+  fi
+  cat .gpu-pack/p*/part.* | "${unxz[@]}" | tar -x -C "$G"
+  python3 -m pip install -q --no-index --no-deps --target "$G/site" "$G"/wheels/*.whl
+  touch "$G/.unpacked"
 fi
-[ -f model_repository/minilm/1/model.onnx ] || cp "$PACK/p2/minilm.onnx" model_repository/minilm/1/model.onnx
+[ -f model_repository/minilm/1/model.onnx ] || mkdir -p model_repository/minilm/1 && cp "$G/models/minilm.onnx" model_repository/minilm/1/model.onnx
+if [ -f "$G/models/model.gguf" ] && [ ! -f model_repository/tensorrt_llm/1/model.gguf ]; then
+  mkdir -p model_repository/tensorrt_llm/1 && cp "$G/models/model.gguf" model_repository/tensorrt_llm/1/model.gguf
+fi
 SITE="$(python3 -c 'import site; print(site.getsitepackages()[0])')"
-ORT_DYLIB_PATH="$(ls "$UNPACKED"/onnxruntime/capi/libonnxruntime.so.1.* | head -1)"
+ORT_DYLIB_PATH="$(ls "$G"/ort/onnxruntime/capi/libonnxruntime.so.1.* | head -1)"
 for lib in "$SITE"/nvidia/*/lib /usr/local/cuda/lib64; do
   [ -d "$lib" ] && LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-export ORT_DYLIB_PATH LD_LIBRARY_PATH TESSERA_BIN="$PACK/p1/tessera" PYTHONPATH="$UNPACKED"
+# The pack's plain server, or else its CUDA build (a full server too, with llama.cpp's libraries).
+if [ -x "$G/bin/tessera" ]; then TESSERA_BIN="$G/bin/tessera"; else
+  TESSERA_BIN="$G/cuda/tessera"; LD_LIBRARY_PATH="$G/cuda:$LD_LIBRARY_PATH"
+fi
+export ORT_DYLIB_PATH LD_LIBRARY_PATH TESSERA_BIN PYTHONPATH="$G/ort:$G/site" PYTHONUNBUFFERED=1
 nvidia-smi -L || true
 case "${1:-all}" in
   e2e) scripts/gpu/e2e.sh ;;
-  bench)
-    python3 bench/gpu_vs_ort.py --model model_repository/minilm --concurrency 1,4,16,64
-    python3 bench/gpu_vs_ort.py --wide-mlp 4096 --concurrency 1,4,16,64 ;;
-  all) "$0" e2e && "$0" bench ;;
-  *) echo "usage: run.sh [e2e|bench|all]" >&2; exit 2 ;;
+  bench)  # with perf_analyzer as the load when the pack has it, else Python clients
+    load=python
+    if [ -x "$G/site/perf_analyzer/bin/perf_analyzer" ]; then
+      export PERF_ANALYZER="$G/site/perf_analyzer/bin/perf_analyzer"; load=perf_analyzer
+    fi
+    for instances in ${INSTANCES:-1}; do
+      for model in "--model model_repository/minilm" "--wide-mlp 4096"; do
+        # shellcheck disable=SC2086
+        python3 bench/gpu_vs_ort.py $model --concurrency "${CONCURRENCY:-1,4,16,64}" --seconds "${SECONDS_PER_LEVEL:-5}" \
+          --load "$load" --instances "$instances"
+      done
+    done ;;
+  llm)
+    [ -x "$G/cuda/tessera" ] || { echo "the pack has no CUDA build of the LLM engine (LLM_CUDA=1 scripts/gpu/pack.sh)"; exit 1; }
+    LD_LIBRARY_PATH="$G/cuda:$LD_LIBRARY_PATH" TESSERA_BIN="$G/cuda/tessera" LLM_BARE="$G/cuda/llm_bare" bench/llm_gpu.sh ;;
+  all)  # each part runs even when one before it fails; the exit status says whether all passed
+    rc=0
+    for part in e2e bench llm; do echo "=== $part"; "$0" "$part" || { rc=1; echo "=== $part FAILED"; }; done
+    exit $rc ;;
+  *) echo "usage: run-packed.sh [e2e|bench|llm|all]" >&2; exit 2 ;;
 esac

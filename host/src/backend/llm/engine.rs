@@ -20,7 +20,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::params::{LlamaModelParams, LlamaSplitMode};
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use tokio::sync::oneshot;
@@ -42,6 +42,8 @@ pub struct EngineSettings {
     /// rather than a chunk (`waiting_served_ratio`, TGI's name); `None`: always a chunk.
     pub waiting_served_ratio: Option<f32>,
     pub threads: i32,
+    /// The CUDA device the weights, the KV cache and the compute go to; `None`: the CPU only.
+    pub gpu: Option<u32>,
 }
 
 /// What the loaded model is, for the request side's checks.
@@ -212,7 +214,23 @@ enum Command {
 /// The request side's handle on an engine thread. Dropping it stops the thread, which frees the
 /// model and its cache.
 pub struct Engine {
-    commands: std::sync::mpsc::Sender<Command>,
+    /// `None` once dropping: a closed channel ends the thread.
+    commands: Option<std::sync::mpsc::Sender<Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Engine {
+    /// Ends the engine thread and waits while it frees the context and the model. A CUDA build
+    /// must release its device memory before the process exits: freed after CUDA's own teardown,
+    /// llama.cpp aborts (seen on SIGTERM on an H200).
+    fn drop(&mut self) {
+        self.commands = None;
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the LLM engine thread panicked");
+        }
+    }
 }
 
 /// llama.cpp's backend is initialised once per process.
@@ -230,6 +248,36 @@ fn backend() -> Result<&'static LlamaBackend, String> {
         .map_err(Clone::clone)
 }
 
+/// Where the model runs: every layer on the one GPU of its instance (llama.cpp's device named
+/// `CUDA<n>`), or nothing on any GPU for a CPU instance, even in a CUDA build (llama.cpp would
+/// otherwise offload to every GPU it finds).
+fn model_params(backend: &LlamaBackend, gpu: Option<u32>) -> Result<LlamaModelParams, String> {
+    let Some(gpu) = gpu else {
+        return LlamaModelParams::default()
+            .with_n_gpu_layers(0)
+            .with_devices(&[])
+            .map_err(|e| format!("cannot keep llama.cpp on the CPU: {e}"));
+    };
+    if !backend.supports_gpu_offload() {
+        return Err(format!(
+            "this instance group asks for GPU {gpu}, but this tessera was built without the LLM engine's CUDA backend (cargo build --release --features llm-cuda); use KIND_CPU"
+        ));
+    }
+    let wanted = format!("CUDA{gpu}");
+    let devices = llama_cpp_2::list_llama_ggml_backend_devices();
+    let device = devices.iter().find(|d| d.name == wanted).ok_or_else(|| {
+        let seen: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        format!("llama.cpp has no device {wanted} (it sees {seen:?})")
+    })?;
+    tracing::info!(gpu, device = %device.description, "LLM engine on the GPU");
+    LlamaModelParams::default()
+        .with_n_gpu_layers(u32::MAX)
+        .with_split_mode(LlamaSplitMode::None)
+        .with_main_gpu(0)
+        .with_devices(&[device.index])
+        .map_err(|e| format!("cannot place the model on {wanted}: {e}"))
+}
+
 impl Engine {
     /// Starts the engine thread and loads the model on it.
     pub async fn start(
@@ -238,20 +286,24 @@ impl Engine {
     ) -> Result<(Engine, ModelFacts), String> {
         let (commands, receiver) = std::sync::mpsc::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("llm-{name}"))
             .spawn(move || run(settings, ready_tx, receiver))
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        let engine = Engine {
+            commands: Some(commands),
+            thread: Some(thread),
+        };
         let facts = ready_rx
             .await
             .map_err(|_| "the engine thread ended while loading".to_owned())??;
-        Ok((Engine { commands }, facts))
+        Ok((engine, facts))
     }
 
     /// Runs one step; `None` if the engine thread has gone.
     pub async fn step(&self, step: Step) -> Option<StepReport> {
         let (tx, rx) = oneshot::channel();
-        self.commands.send(Command::Step(step, tx)).ok()?;
+        self.commands.as_ref()?.send(Command::Step(step, tx)).ok()?;
         rx.await.ok()
     }
 }
@@ -268,11 +320,14 @@ fn run(
             return;
         }
     };
-    let model = match LlamaModel::load_from_file(
-        backend,
-        &settings.model_path,
-        &LlamaModelParams::default(),
-    ) {
+    let model_params = match model_params(backend, settings.gpu) {
+        Ok(params) => params,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let model = match LlamaModel::load_from_file(backend, &settings.model_path, &model_params) {
         Ok(model) => model,
         Err(e) => {
             let _ = ready.send(Err(format!(
