@@ -163,10 +163,13 @@ def perf_analyzer(port, model, conc, seconds, work, feed):
 
 
 def stats(port, model):
+    """Counters from the model's statistics: inferences, executions, queue ns (summed over
+    requests), and per phase (input, infer, output) ns summed over batches."""
     conn = http.client.HTTPConnection("127.0.0.1", port)
     conn.request("GET", f"/v2/models/{model}/stats")
     s = json.loads(conn.getresponse().read())["model_stats"][0]
-    return int(s["inference_count"]), int(s["execution_count"])
+    phases = [sum(int(b[p]["ns"]) for b in s["batch_stats"]) for p in ("compute_input", "compute_infer", "compute_output")]
+    return (int(s["inference_count"]), int(s["execution_count"]), int(s["inference_stats"]["queue"]["ns"]), phases)
 
 
 def main():
@@ -226,23 +229,30 @@ def main():
                 if a.load == "perf_analyzer":
                     # perf_analyzer warms up by itself; its window is the level's, measured here
                     # as for the Python clients (server stats and CPU around the whole run).
-                    inf0, exe0 = stats(a.port, name)
+                    inf0, exe0, queue0, phases0 = stats(a.port, name)
                     cpu0, t0, ticks0 = cpu_seconds(server.pid), time.perf_counter(), busy_ticks()
                     p99 = perf_analyzer(a.port, name, conc, a.seconds, work, feed) * 1e3
                 else:
                     with multiprocessing.Pool(conc) as pool:
                         pool.map(client, [(a.port, name, feed, 1.0, outs)] * conc)  # warm up
-                        inf0, exe0 = stats(a.port, name)
+                        inf0, exe0, queue0, phases0 = stats(a.port, name)
                         cpu0, t0, ticks0 = cpu_seconds(server.pid), time.perf_counter(), busy_ticks()
                         lat = [x for l in pool.map(client, [(a.port, name, feed, a.seconds, outs)] * conc) for x in l]
                     p99 = statistics.quantiles(lat, n=100)[98] * 1e3 if len(lat) > 1 else float("nan")
                 wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
                 ticks1 = busy_ticks()
                 busy = (ticks1[0] - ticks0[0]) / max(1, ticks1[1] - ticks0[1])
-                inf1, exe1 = stats(a.port, name)
+                inf1, exe1, queue1, phases1 = stats(a.port, name)
                 rows = (inf1 - inf0) / wall
-                batch = (inf1 - inf0) / max(1, exe1 - exe0)
-                rows_table.append((conc, rows, p99, cpu / max(1, inf1 - inf0) * 1e6, batch, busy))
+                batches = max(1, exe1 - exe0)
+                batch = (inf1 - inf0) / batches
+                # Where a batch's time goes on the instance, and how much of the wall time the
+                # instances were executing (the rest they waited for a batch).
+                phase_us = [(b - a0) / batches / 1e3 for a0, b in zip(phases0, phases1)]
+                executing = sum(b - a0 for a0, b in zip(phases0, phases1)) / 1e9 / wall / a.instances
+                queue_us = (queue1 - queue0) / max(1, inf1 - inf0) / 1e3
+                rows_table.append((conc, rows, p99, cpu / max(1, inf1 - inf0) * 1e6, batch, busy,
+                                   queue_us, phase_us, executing))
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
@@ -253,10 +263,11 @@ def main():
         print(f"\n{label}: Tessera (HTTP, dynamic batching, {a.instances} {device} instance(s), load: {a.load}) "
               f"vs bare ONNX Runtime, same {device}")
         print(f"{'conc':>5} {'rows/s':>10} {'p99 ms':>8} {'CPU us/inf':>11} {'avg batch':>10} {'busy':>5} "
-              f"{'bare rows/s':>12} {'ratio':>6}")
-        for (conc, rows, p99, cpu_us, batch, busy), size in zip(rows_table, sizes):
+              f"{'bare rows/s':>12} {'ratio':>6} {'queue us':>9} {'in/run/out us per batch':>24} {'executing':>9}")
+        for (conc, rows, p99, cpu_us, batch, busy, queue_us, phase_us, executing), size in zip(rows_table, sizes):
+            phases = "/".join(f"{p:.0f}" for p in phase_us)
             print(f"{conc:>5} {rows:>10,.0f} {p99:>8.2f} {cpu_us:>11.1f} {batch:>10.1f} {busy:>5.0%} "
-                  f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f}")
+                  f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f} {queue_us:>9.0f} {phases:>24} {executing:>9.0%}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
