@@ -9,7 +9,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 scripts/prepare.sh
 export ORT_DYLIB_PATH="$(scripts/ort-dylib-path.sh)"
+START=$SECONDS
+step() { echo "-- $1 ($(( SECONDS - START ))s)"; }
+step "cargo test --workspace"
 cargo test --workspace
+step "guest SDK tests"
 cargo test --manifest-path guest-sdk/Cargo.toml
+step "example handlers' tests"
 cargo test --manifest-path examples/Cargo.toml
-TESSERA_BIN="$ROOT/target/debug/tessera" .venv/bin/python -m pytest -q tests/python
+step "tritonclient and openai tests"
+TESSERA_BIN="$ROOT/target/debug/tessera" .venv/bin/python -m pytest -q --durations=15 tests/python
+step done
