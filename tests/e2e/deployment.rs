@@ -234,7 +234,7 @@ async fn bad_deployments_are_refused_and_change_nothing() {
         "--store",
         store.to_str().expect("utf-8"),
         "--max-deployment-bytes",
-        "200000",
+        "400000",
     ];
     let server = TestServer::start(&[repo], &args, &shared_cache()).await;
     let wasm = echo_component();
@@ -247,8 +247,12 @@ async fn bad_deployments_are_refused_and_change_nothing() {
     let other_world =
         std::fs::read(repo_root().join("target/guests/wasm32-wasip2/release/cli_hello.wasm"))
             .expect("the build compiles the cli_hello fixture");
+    let imports_http = std::fs::read(
+        repo_root().join("target/guests/wasm32-wasip2/release/guest_http_import.wasm"),
+    )
+    .expect("the build compiles the guest_http_import fixture");
     let core_module = b"\0asm\x01\0\0\0".to_vec();
-    let oversized = vec![0u8; 300_000];
+    let oversized = vec![0u8; 500_000];
     let config = echo_config("bad", 1);
     // (what, model name, config, files, status, text the error contains)
     type Case<'a> = (
@@ -275,6 +279,15 @@ async fn bad_deployments_are_refused_and_change_nothing() {
             vec![("1/model.wasm", &other_world)],
             400,
             "tessera:inference/model",
+        ),
+        (
+            "a handler that imports wasi:http (as a JS build with fetch does)",
+            "bad",
+            config.clone(),
+            vec![("1/model.wasm", &imports_http)],
+            400,
+            // The import is named (wasmtime's words), then the fix (which follows from it).
+            "model handlers cannot make HTTP requests",
         ),
         (
             "not JSON",

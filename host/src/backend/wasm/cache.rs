@@ -35,8 +35,11 @@ pub fn load_or_compile(
 ) -> Result<Component, LoadError> {
     // Runs on a blocking thread (the Wasm backend loads there): compilation takes seconds.
     let compile = || {
-        Component::new(engine, bytes)
-            .map_err(|e| LoadError::invalid(format!("not a valid Wasm component: {e:#}")))
+        Component::new(engine, bytes).map_err(|e| {
+            LoadError::invalid(super::with_likely_fix(format!(
+                "not a valid Wasm component: {e:#}"
+            )))
+        })
     };
     let Some(dir) = dir else { return compile() };
     if let Err(e) = create_private_dir(dir) {

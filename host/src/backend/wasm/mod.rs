@@ -162,6 +162,32 @@ impl WasmRuntime {
     }
 }
 
+/// The likely fix for a component that does not compile or link here, from wasmtime's reason:
+/// what guest toolchains put in by default that the host does not offer.
+pub(crate) fn likely_fix(reason: &str) -> Option<&'static str> {
+    if reason.contains("component model async") {
+        // jco's QuickJS backend and async wit-bindgen exports use it; wasmtime 48 does not
+        // enable it.
+        Some(
+            "it uses the component model's async ABI, which this server does not enable: build it without (jco: --backend-qjs-disable-async; wit-bindgen: no async exports)",
+        )
+    } else if reason.contains("wasi:http/") {
+        Some(
+            "model handlers cannot make HTTP requests: build without wasi:http (componentize-js and jco import it for fetch unless given `-d http`), or deploy the code that calls out as a function, which may (docs/functions.md)",
+        )
+    } else {
+        None
+    }
+}
+
+/// `reason`, with the likely fix after it when there is one.
+pub(crate) fn with_likely_fix(reason: String) -> String {
+    match likely_fix(&reason) {
+        Some(fix) => format!("{reason}. {fix}"),
+        None => reason,
+    }
+}
+
 /// A handler must be a component: a core module is refused with what to do instead.
 pub fn check_component_binary(path: &str, bytes: &[u8]) -> Result<(), String> {
     const MAGIC: &[u8] = b"\0asm";
@@ -248,10 +274,10 @@ fn prepare(
         ),
     )?;
     let instance_pre = runtime.linker.instantiate_pre(&component).map_err(|e| {
-        LoadError::invalid(format!(
+        LoadError::invalid(with_likely_fix(format!(
             "{} does not fit the tessera:inference/{world} world: {e:#}",
             component_path.display()
-        ))
+        )))
     })?;
     let runtime_error = |e: wasmtime::Error| LoadError::runtime(format!("{e:#}"));
     let pre = if decoupled {
@@ -780,5 +806,24 @@ impl Drop for WasmInstance {
             }
             _ => done(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_likely_fix_follows_what_toolchains_put_in_by_default() {
+        // wasmparser's words for a component built with the async ABI (jco's QuickJS default).
+        let async_abi = "not a valid Wasm component: canonical option `async` requires the component model async feature";
+        assert!(with_likely_fix(async_abi.into()).ends_with(
+            "build it without (jco: --backend-qjs-disable-async; wit-bindgen: no async exports)"
+        ));
+        // wasmtime's words for an import the model world lacks (componentize-js's fetch).
+        let http = "component imports instance `wasi:http/types@0.2.3`, but a matching implementation was not found in the linker";
+        assert!(with_likely_fix(http.into()).contains("`-d http`"));
+        let other = "component imports instance `acme:thing/x`, but a matching implementation was not found in the linker";
+        assert_eq!(with_likely_fix(other.into()), other);
     }
 }
