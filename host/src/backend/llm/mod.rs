@@ -75,7 +75,7 @@ fn settings(ctx: &LoadContext) -> Result<EngineSettings, LoadError> {
     let gpu = ctx.instances.first().and_then(|slot| slot.gpu);
     // Measured with SmolLM2-135M at 16 streams (docs/benchmarks.md): on 2 CPU cores a larger
     // chunk stalls the decoding streams; on an H200 a step costs the same for 16 or 64 prompt
-    // tokens, and 64 gave 1.7x the tokens/s of 16 and a quarter of the TTFT p99.
+    // tokens, and 64 gave 1.7x the tokens/s of 16 and two fifths of its TTFT p99.
     let prefill_chunk = number(
         config,
         "prefill_chunk_tokens",

@@ -164,7 +164,7 @@ impl WasmRuntime {
 
 /// The likely fix for a component that does not compile or link here, from wasmtime's reason:
 /// what guest toolchains put in by default that the host does not offer.
-pub(crate) fn likely_fix(reason: &str) -> Option<&'static str> {
+fn likely_fix(reason: &str) -> Option<&'static str> {
     if reason.contains("component model async") {
         // jco's QuickJS backend and async wit-bindgen exports use it; wasmtime 48 does not
         // enable it.
