@@ -13,10 +13,14 @@ START=$SECONDS
 step() { echo "-- $1 ($(( SECONDS - START ))s)"; }
 step "cargo test --workspace"
 cargo test --workspace
+# The guest workspaces' host-target tests share one target folder (set by .ci/run; their own
+# folders otherwise).
+GUEST_TARGET=()
+[ -n "${GUEST_CHECK_TARGET_DIR:-}" ] && GUEST_TARGET=(--target-dir "$GUEST_CHECK_TARGET_DIR")
 step "guest SDK tests"
-cargo test --manifest-path guest-sdk/Cargo.toml
+cargo test --manifest-path guest-sdk/Cargo.toml "${GUEST_TARGET[@]}"
 step "example handlers' tests"
-cargo test --manifest-path examples/Cargo.toml
+cargo test --manifest-path examples/Cargo.toml "${GUEST_TARGET[@]}"
 step "tritonclient and openai tests"
 TESSERA_BIN="$ROOT/target/debug/tessera" .venv/bin/python -m pytest -q --durations=15 tests/python
 step done
