@@ -129,46 +129,62 @@ impl Text {
 
 /// Turns the token ids of one sequence, as they come, into text deltas.
 ///
-/// It decodes the whole tail since the last emitted text and emits only what is complete: text
-/// that ends in U+FFFD (the tail of a character split across tokens) waits for the next token.
-/// Decoding the tail rather than each token alone also keeps the spaces that SentencePiece
-/// tokenizers attach to the following token.
+/// TGI's prefix/read offsets: each push decodes two short windows, the tokens since the
+/// last emitted text with one token before them for context (a SentencePiece tokenizer's
+/// leading space depends on it), and the same window without the new tokens; the difference
+/// is the delta. Text that ends in U+FFFD (a character split across tokens) waits for the next
+/// token. So a token costs the decoding of a few tokens, not of the sequence so far.
 #[derive(Debug, Default)]
 pub struct Detokenizer {
+    /// The tokens from the context token on; older ones are dropped.
     ids: Vec<u32>,
-    /// Bytes of the decoded text already emitted.
-    emitted: usize,
+    /// Where the new (not yet emitted) tokens begin in `ids`.
+    read: usize,
 }
 
 impl Detokenizer {
     /// Adds tokens; returns the text they complete (maybe empty).
     pub fn push(&mut self, text: &Text, ids: &[u32]) -> Result<String, String> {
         self.ids.extend_from_slice(ids);
-        let decoded = text.decode(&self.ids)?;
-        if decoded.ends_with('\u{fffd}') {
+        let (seen, all) = self.decode_windows(text)?;
+        if all.len() <= seen.len() || all.ends_with('\u{fffd}') {
             return Ok(String::new());
         }
-        let delta = decoded.get(self.emitted..).unwrap_or_default().to_owned();
-        self.emitted = decoded.len();
-        // Keep the decoded window short: once everything is emitted, start afresh from the
-        // last token (kept for context: a next token's leading space may depend on it).
-        if self.ids.len() > 32 {
-            let last = self.ids.len() - 1;
-            let keep = self.ids.split_off(last);
-            self.ids = keep;
-            self.emitted = text.decode(&self.ids)?.len();
-        }
+        let delta = Self::delta(&seen, &all).to_owned();
+        // The last emitted token is the next window's context.
+        let context = self.ids.len() - 1;
+        self.ids.drain(..context);
+        self.read = self.ids.len();
         Ok(delta)
     }
 
     /// What is left when the sequence ends. A character the last tokens only began (the
     /// token limit cut it) is dropped rather than shown as U+FFFD.
     pub fn finish(&mut self, text: &Text) -> Result<String, String> {
-        let decoded = text.decode(&self.ids)?;
-        let delta = decoded.get(self.emitted..).unwrap_or_default();
-        let delta = delta.trim_end_matches('\u{fffd}').to_owned();
-        self.emitted = decoded.len();
+        let (seen, all) = self.decode_windows(text)?;
+        let delta = Self::delta(&seen, &all)
+            .trim_end_matches('\u{fffd}')
+            .to_owned();
+        self.ids.clear();
+        self.read = 0;
         Ok(delta)
+    }
+
+    /// The text of the emitted window and of the whole window.
+    fn decode_windows(&self, text: &Text) -> Result<(String, String), String> {
+        let seen = match self.read {
+            0 => String::new(),
+            read => text.decode(&self.ids[..read])?,
+        };
+        Ok((seen, text.decode(&self.ids)?))
+    }
+
+    fn delta<'a>(seen: &str, all: &'a str) -> &'a str {
+        // The whole window's text begins with the emitted window's; should a normaliser ever
+        // rewrite the boundary, emit from the same byte offset if it is a character boundary.
+        all.strip_prefix(seen)
+            .or_else(|| all.get(seen.len()..))
+            .unwrap_or_default()
     }
 }
 
@@ -227,6 +243,59 @@ impl StopStrings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn detokenizer_streams_the_text_decoding_gives() {
+        // The example repository's tokenizer (scripts/fetch_models.sh derives it from the GGUF).
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../model_repository/tensorrt_llm/1");
+        if !dir.join("tokenizer.json").exists() {
+            eprintln!("skipped: {} has no tokenizer.json (scripts/fetch_models.sh)", dir.display());
+            return;
+        }
+        let text = Text::load(&dir).expect("tokenizer loads");
+        let samples = [
+            "Hello, world! Streaming text token by token.",
+            "  leading spaces, trailing spaces  ",
+            "你好，世界。流式输出不应出现乱码。",
+            "emoji: 👩‍👩‍👧‍👦 🚀🎉 and combining e\u{301}",
+            "mixed 中文 and English, numbers 12345.",
+        ];
+        for sample in samples {
+            let ids = text.encode(sample).expect("encodes");
+            let whole = text.decode(&ids).expect("decodes");
+            for step in [1, 2, 3] {
+                let mut detokenizer = Detokenizer::default();
+                let mut streamed = String::new();
+                for chunk in ids.chunks(step) {
+                    let delta = detokenizer.push(&text, chunk).expect("pushes");
+                    assert!(!delta.contains('\u{fffd}'), "{sample:?}: half a character in {delta:?}");
+                    streamed.push_str(&delta);
+                }
+                streamed.push_str(&detokenizer.finish(&text).expect("finishes"));
+                assert_eq!(streamed, whole, "{sample:?} in chunks of {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn detokenizer_drops_a_character_cut_off_at_the_end() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../model_repository/tensorrt_llm/1");
+        if !dir.join("tokenizer.json").exists() {
+            return;
+        }
+        let text = Text::load(&dir).expect("tokenizer loads");
+        let ids = text.encode("ok 🚀").expect("encodes");
+        let mut detokenizer = Detokenizer::default();
+        let mut streamed = String::new();
+        // All but the last token: the rocket's bytes are split over several byte tokens.
+        for id in &ids[..ids.len() - 1] {
+            streamed.push_str(&detokenizer.push(&text, &[*id]).expect("pushes"));
+        }
+        streamed.push_str(&detokenizer.finish(&text).expect("finishes"));
+        assert!(streamed.starts_with("ok") && !streamed.contains('\u{fffd}'), "{streamed:?}");
+    }
 
     #[test]
     fn stop_strings_never_release_part_of_one() {
