@@ -10,7 +10,48 @@ use std::process::Command;
 
 fn main() {
     compile_grpc();
+    embed_python_build_files();
     build_guests();
+}
+
+/// `tessera build` carries what it hands componentize-py: the WIT and the Python guest SDK
+/// (`guest-sdk-python/src`), so the binary builds a model.py wherever it runs.
+fn embed_python_build_files() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let root = manifest_dir.parent().expect("host/ has a parent");
+    let mut out = String::new();
+    for (constant, dir, ext) in [
+        ("WIT_FILES", root.join("wit"), "wit"),
+        ("PYTHON_SDK_FILES", root.join("guest-sdk-python/src"), "py"),
+    ] {
+        println!("cargo:rerun-if-changed={}", dir.display());
+        let mut files = Vec::new();
+        collect_files(&dir, &dir, ext, &mut files);
+        files.sort();
+        out.push_str(&format!("pub const {constant}: &[(&str, &str)] = &[\n"));
+        for (relative, path) in files {
+            out.push_str(&format!("    ({relative:?}, include_str!({path:?})),\n"));
+        }
+        out.push_str("];\n");
+    }
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("set by cargo"));
+    std::fs::write(out_dir.join("python_build_files.rs"), out).expect("OUT_DIR is writable");
+}
+
+fn collect_files(root: &Path, dir: &Path, ext: &str, out: &mut Vec<(String, String)>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a readable directory entry").path();
+        if path.is_dir() {
+            collect_files(root, &path, ext, out);
+        } else if path.extension().is_some_and(|e| e == ext) {
+            let relative = path.strip_prefix(root).expect("under root");
+            out.push((
+                relative.to_string_lossy().into_owned(),
+                path.to_string_lossy().into_owned(),
+            ));
+        }
+    }
 }
 
 fn compile_grpc() {

@@ -21,6 +21,7 @@ pub mod limits;
 pub mod metrics;
 pub mod model;
 pub mod protocol;
+pub mod python_build;
 pub mod repository;
 pub mod scheduler;
 pub mod sequence;

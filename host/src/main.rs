@@ -34,6 +34,9 @@ enum Command {
     /// (function.wasm and function.toml), to a running server without a restart: uploads it,
     /// waits until it serves, and prints where to call it.
     Deploy(DeployArgs),
+    /// Build a Triton Python model (config.pbtxt with backend "python", <version>/model.py) into
+    /// the Wasm component tessera serves, <version>/model.wasm, with componentize-py.
+    Build(BuildArgs),
     /// List the models of a running server with their state.
     Models(ClientArgs),
     /// Serve the previous deployed revision of a model again.
@@ -129,6 +132,15 @@ struct DeployArgs {
     name: Option<String>,
     #[command(flatten)]
     client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+struct BuildArgs {
+    /// The model directory: config.pbtxt and version folders holding model.py.
+    dir: PathBuf,
+    /// componentize-py to build with [default: $COMPONENTIZE_PY, else on PATH].
+    #[arg(long)]
+    componentize_py: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -504,6 +516,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Check(args)) => check(args).await,
         Some(Command::Deploy(args)) => {
             tessera::cli::deploy(&args.client.server, &args.dir, args.name.as_deref()).await
+        }
+        Some(Command::Build(args)) => {
+            let built = tessera::python_build::build(&args.dir, args.componentize_py.as_deref())?;
+            for path in built {
+                println!("built {}", path.display());
+            }
+            Ok(())
         }
         Some(Command::Models(args)) => tessera::cli::models(&args.server).await,
         Some(Command::Rollback(args)) => {

@@ -254,7 +254,9 @@ impl BackendKind {
     pub fn of(config: &ModelConfig) -> Result<BackendKind, String> {
         match (config.platform.as_str(), config.backend.as_str()) {
             ("onnxruntime_onnx", "" | "onnxruntime") | ("", "onnxruntime") => Ok(BackendKind::Onnx),
-            ("", "wasm") => Ok(BackendKind::Wasm),
+            // A Triton Python model (model.py) runs as the Wasm component `tessera build` makes
+            // of it, beside the model.py, in the same version folder.
+            ("", "wasm" | "python") => Ok(BackendKind::Wasm),
             ("", "llamacpp") => Ok(BackendKind::Llm),
             ("", "tensorrtllm") => Err(
                 "backend 'tensorrtllm' runs TensorRT-LLM engines, which tessera does not; serve the model as a GGUF file with backend: \"llamacpp\" (the same input_ids/output_ids tensors, see docs/serving-llms.md)".into(),
@@ -265,7 +267,7 @@ impl BackendKind {
                 "platform '{platform}' is not supported by tessera (supported: onnxruntime_onnx, ensemble; backends onnxruntime, wasm, llamacpp)"
             )),
             (_, backend) => Err(format!(
-                "backend '{backend}' is not supported by tessera (supported: onnxruntime, wasm, llamacpp; Python models become Wasm handlers, see docs/writing-handlers.md)"
+                "backend '{backend}' is not supported by tessera (supported: onnxruntime, wasm, python (built by `tessera build`), llamacpp)"
             )),
         }
     }

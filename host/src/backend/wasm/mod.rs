@@ -313,6 +313,12 @@ impl Backend for WasmBackend {
     ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>> {
         Box::pin(async move {
             let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
+            if ctx.config.backend == "python" && !path.exists() {
+                return Err(LoadError::runtime(format!(
+                    "backend 'python': {} has no model.wasm; build the model.py into one with `tessera build <model-dir>` (componentize-py)",
+                    ctx.version_dir.display()
+                )));
+            }
             let runtime = self.0.clone();
             let (name, version, config, inference, files) = (
                 ctx.name.clone(),

@@ -1,0 +1,156 @@
+"""The handler export that runs a Triton `model.py` (`class TritonPythonModel`) in Tessera.
+
+`tessera build` makes the component of this module, `triton_python_backend_utils` and the
+model's folder. componentize-py runs this module at build time and snapshots the interpreter:
+only modules imported then exist at run time, so every module the model's source names is
+imported here, even those it imports inside a function.
+
+componentize-py makes a new `Handler` object per call, so the model lives in a module global.
+"""
+
+import ast
+import asyncio
+import asyncio.base_events
+import importlib
+import importlib.util
+import json
+import time
+import traceback
+
+import tessera_wire as wire
+import triton_python_backend_utils as pb_utils
+from wit_world import exports
+from wit_world.imports import types
+
+import model as _user_module  # the model's model.py (its version folder is on the path)
+
+
+def _preimport_named_modules() -> None:
+    spec = importlib.util.find_spec("model")
+    if spec is None or not spec.origin:
+        return
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # the model fails the same way when it reaches the import: reported then
+
+
+_preimport_named_modules()
+
+_model = None
+_state = {"name": "", "decoupled": False}
+
+
+def _error(kind: str, message: str):
+    return types.Error(types.ErrorKind[kind.upper().replace("-", "_")], message)
+
+
+class Handler(exports.Handler):
+    def initialize(self, config_json: str) -> None:
+        global _model
+        try:
+            config = json.loads(config_json)
+            name = config.get("name", "")
+            groups = config.get("instance_group") or [{}]
+            args = {
+                "model_config": config_json,
+                "model_instance_kind": "CPU",
+                "model_instance_name": f"{name}_0",
+                "model_instance_device_id": "0",
+                # The sandbox has no repository folder; the model's files are in the
+                # component (what the model's folder held at `tessera build`).
+                "model_repository": "",
+                "model_version": str(config.get("version", "")),
+                "model_name": name,
+            }
+            del groups
+            model = _user_module.TritonPythonModel()
+            if hasattr(model, "initialize"):
+                model.initialize(args)
+            _model = model
+        except Exception as e:  # noqa: BLE001 - reported as the load error, with the trace
+            raise wire.Err(f"initialize failed: {type(e).__name__}: {e}\n"
+                           f"{traceback.format_exc(limit=8)}") from None
+
+    def execute(self, requests):
+        wire_requests = [wire.WireRequest.from_wit(r) for r in requests]
+        pb_requests = [pb_utils.InferenceRequest._from_wire(r) for r in wire_requests]
+        try:
+            responses = _model.execute(pb_requests)
+            if asyncio.iscoroutine(responses):
+                responses = _run(responses)
+        except Exception as e:  # noqa: BLE001 - Triton fails every request of the batch
+            message = f"{type(e).__name__}: {e}" if not isinstance(
+                e, pb_utils.TritonModelException) else str(e)
+            return [wire.Err(_error("internal", message)) for _ in requests]
+        if responses is None or len(responses) != len(requests):
+            got = "None" if responses is None else str(len(responses))
+            message = (f"execute returned {got} responses for {len(requests)} requests; "
+                       "a model must return one InferenceResponse per request")
+            return [wire.Err(_error("internal", message)) for _ in requests]
+        return [_to_wit(resp, req) for resp, req in zip(responses, wire_requests)]
+
+    def finalize(self) -> None:
+        if _model is not None and hasattr(_model, "finalize"):
+            try:
+                _model.finalize()
+            except Exception as e:  # noqa: BLE001 - nothing to fail any more; logged
+                wire.log("error", f"finalize failed: {type(e).__name__}: {e}")
+
+
+def _to_wit(response, request: "wire.WireRequest"):
+    from componentize_py_types import Ok
+    if not isinstance(response, pb_utils.InferenceResponse):
+        return wire.Err(_error("internal", f"execute returned a {type(response).__name__} "
+                                           "where an InferenceResponse is due"))
+    if response.has_error():
+        err = response.error()
+        kind = pb_utils.ERROR_KINDS.get(err.code(), "internal")
+        return wire.Err(_error(kind, err.message()))
+    wanted = set(request.requested_outputs)
+    outputs = [t._renamed(t.name()).to_wit() for t in response.output_tensors()
+               if not wanted or t.name() in wanted]
+    return Ok(types.Response(outputs, wire.parameters_to_wit(json.loads(response.parameters()))))
+
+
+class _NoSelector:
+    """The sandbox has no sockets to wait on: a wait is only ever for a timer."""
+
+    def select(self, timeout=None):
+        if timeout:
+            time.sleep(timeout)
+        return []
+
+
+class _SandboxLoop(asyncio.base_events.BaseEventLoop):
+    """An asyncio loop without a selector. asyncio's own loops open a socketpair to wake
+    themselves, which WASI refuses; here nothing runs beside the loop, so nothing needs to wake
+    it. BLS calls block, so `asyncio.gather` of `async_exec()` calls runs them one by one."""
+
+    def __init__(self):
+        super().__init__()
+        self._selector = _NoSelector()
+
+    def _process_events(self, event_list):
+        pass
+
+    def _write_to_self(self):
+        pass
+
+
+def _run(coroutine):
+    """Runs an `async def execute` to the end on a fresh loop."""
+    loop = _SandboxLoop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()

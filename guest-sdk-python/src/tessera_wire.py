@@ -1,0 +1,155 @@
+"""Tensors, requests and calls between Python handlers and the host's WIT interfaces.
+
+The one module that touches componentize-py's generated bindings (`wit_world`): everything
+above it (`triton_python_backend_utils`, `tessera_handler`) works on these plain classes, so it
+also runs, and is tested, on the host without the sandbox (`infer` and `log` are then set by the
+test).
+"""
+
+from __future__ import annotations
+
+try:
+    from componentize_py_types import Err
+    from wit_world.imports import inference as _inference
+    from wit_world.imports import log as _log
+    from wit_world.imports import types as _types
+except ImportError:  # on the host, in the shim's tests
+    _inference = _log = _types = None
+
+    class Err(Exception):  # type: ignore[no-redef]
+        def __init__(self, value):
+            super().__init__(value)
+            self.value = value
+
+# KServe datatype -> (numpy type name, bytes per element)
+NUMPY_NAMES = {
+    "BOOL": "bool_", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
+    "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object_",
+}
+
+
+class InferError(Exception):
+    """An error the host answered a call with: its WIT kind (`invalid-input`, ...) and message."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message = kind, message
+
+
+class WireTensor:
+    """A tensor as the host sends it: raw little-endian bytes, or elements for BYTES."""
+
+    __slots__ = ("name", "datatype", "shape", "raw", "elements", "_wit")
+
+    def __init__(self, name, datatype, shape, raw=None, elements=None, wit=None):
+        self.name, self.datatype, self.shape = name, datatype, list(shape)
+        self.raw, self.elements, self._wit = raw, elements, wit
+
+    def renamed(self, name: str) -> "WireTensor":
+        return WireTensor(name, self.datatype, self.shape, self.raw, self.elements)
+
+    @classmethod
+    def from_array(cls, name, datatype, arr, np) -> "WireTensor":
+        shape = [int(s) for s in arr.shape]
+        if datatype == "BYTES":
+            flat = arr.flatten() if hasattr(arr, "flatten") else arr
+            elements = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
+            return cls(name, datatype, shape, elements=elements)
+        if hasattr(np, "ascontiguousarray"):  # real numpy: little-endian, contiguous
+            arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        return cls(name, datatype, shape, raw=arr.tobytes())
+
+    def to_array(self, np):
+        name = NUMPY_NAMES[self.datatype]
+        if self.datatype == "BYTES":
+            values = list(self.elements or [])
+            if hasattr(np, "empty"):  # real numpy: a 1-D object array, then shaped
+                out = np.empty(len(values), dtype=np.object_)
+                out[:] = values
+                return out.reshape(self.shape)
+            return np.array(values, dtype=np.object_).reshape(self.shape)
+        if hasattr(np, "frombuffer"):  # real numpy: a writable copy, as Triton's is writable
+            dtype = np.dtype(getattr(np, name)).newbyteorder("<")
+            return np.frombuffer(bytearray(self.raw or b""), dtype=dtype).reshape(self.shape)
+        return np.ndarray.frombuffer(self.raw or b"", getattr(np, name), self.shape)
+
+    # --- WIT ----------------------------------------------------------------------------------
+    @classmethod
+    def from_wit(cls, t) -> "WireTensor":
+        data = t.data
+        if isinstance(data, _types.TensorData_Raw):
+            return cls(t.name, _DATATYPE_NAMES[t.datatype], t.shape, raw=data.value, wit=t)
+        return cls(t.name, _DATATYPE_NAMES[t.datatype], t.shape, elements=data.value, wit=t)
+
+    def to_wit(self):
+        if self._wit is not None:
+            return self._wit
+        data = (_types.TensorData_Elements(list(self.elements)) if self.datatype == "BYTES"
+                else _types.TensorData_Raw(bytes(self.raw)))
+        return _types.Tensor(self.name, _types.Datatype[_WIT_DATATYPE[self.datatype]],
+                             [int(s) for s in self.shape], data)
+
+
+class WireRequest:
+    __slots__ = ("id", "inputs", "requested_outputs", "parameters")
+
+    def __init__(self, id, inputs, requested_outputs, parameters):
+        self.id, self.inputs = id, list(inputs)
+        self.requested_outputs, self.parameters = list(requested_outputs), dict(parameters)
+
+    @classmethod
+    def from_wit(cls, r) -> "WireRequest":
+        return cls(r.id, [WireTensor.from_wit(t) for t in r.inputs], r.requested_outputs,
+                   parameters_from_wit(r.parameters))
+
+    def to_wit(self):
+        return _types.Request(self.id, [t.to_wit() for t in self.inputs],
+                              list(self.requested_outputs), parameters_to_wit(self.parameters))
+
+
+_WIT_DATATYPE = {
+    "BOOL": "BOOL", "UINT8": "UINT8", "UINT16": "UINT16", "UINT32": "UINT32",
+    "UINT64": "UINT64", "INT8": "INT8", "INT16": "INT16", "INT32": "INT32", "INT64": "INT64",
+    "FP16": "FP16", "FP32": "FP32", "FP64": "FP64", "BYTES": "BYTES",
+}
+_DATATYPE_NAMES = ({getattr(_types.Datatype, v): k for k, v in _WIT_DATATYPE.items()}
+                   if _types is not None else {})
+
+
+def parameters_from_wit(parameters) -> dict:
+    return {p.key: p.value.value for p in parameters}
+
+
+def parameters_to_wit(parameters: dict) -> list:
+    out = []
+    for key, value in parameters.items():
+        if isinstance(value, bool):
+            v = _types.ParameterValue_Bool(value)
+        elif isinstance(value, int):
+            v = _types.ParameterValue_Int(value)
+        elif isinstance(value, float):
+            v = _types.ParameterValue_Double(value)
+        else:
+            v = _types.ParameterValue_String(str(value))
+        out.append(_types.Parameter(str(key), v))
+    return out
+
+
+def error_kind_name(kind) -> str:
+    return kind.name.lower().replace("_", "-")
+
+
+def infer(model: str, version, request: WireRequest):
+    """Calls `model` through the server's queue (the WIT `infer`); returns the response's
+    tensors and parameters, or raises `InferError`."""
+    try:
+        response = _inference.infer(model, version, request.to_wit())
+    except Err as e:
+        raise InferError(error_kind_name(e.value.kind), e.value.message) from None
+    return ([WireTensor.from_wit(t) for t in response.outputs],
+            parameters_from_wit(response.parameters))
+
+
+def log(level: str, message: str) -> None:
+    _log.log(getattr(_log.Level, level.upper()), message)

@@ -1,0 +1,427 @@
+"""`triton_python_backend_utils` (pb_utils) for Triton model.py files running in Tessera.
+
+The names and behaviour of Triton's Python backend module, over Tessera's WIT imports: a
+model.py written for Triton imports this module under the same name and runs unchanged, in the
+Wasm sandbox. What Triton has and the sandbox cannot give (DLPack, GPU tensors, a decoupled
+response sender in a non-decoupled build) raises `TritonModelException` naming it.
+
+Tensors: with numpy installed (the host-side tests), `as_numpy()` gives real numpy arrays;
+in the sandbox, where numpy has no WebAssembly build, it gives `tessera_ndarray` arrays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+
+try:  # pragma: no cover - which one depends on where this runs
+    import numpy as np
+    HAVE_NUMPY = True
+except ImportError:  # the sandbox
+    import tessera_ndarray as np
+    HAVE_NUMPY = False
+
+import tessera_wire as wire
+
+# --- datatypes --------------------------------------------------------------------------------
+
+TRITONSERVER_TYPE_INVALID = 0
+TRITONSERVER_TYPE_BOOL = 1
+TRITONSERVER_TYPE_UINT8 = 2
+TRITONSERVER_TYPE_UINT16 = 3
+TRITONSERVER_TYPE_UINT32 = 4
+TRITONSERVER_TYPE_UINT64 = 5
+TRITONSERVER_TYPE_INT8 = 6
+TRITONSERVER_TYPE_INT16 = 7
+TRITONSERVER_TYPE_INT32 = 8
+TRITONSERVER_TYPE_INT64 = 9
+TRITONSERVER_TYPE_FP16 = 10
+TRITONSERVER_TYPE_FP32 = 11
+TRITONSERVER_TYPE_FP64 = 12
+TRITONSERVER_TYPE_BYTES = 13
+TRITONSERVER_TYPE_BF16 = 14
+
+# KServe datatype, Triton's config name, TRITONSERVER_TYPE, numpy type name.
+_TYPES = [
+    ("BOOL", "TYPE_BOOL", TRITONSERVER_TYPE_BOOL, "bool_"),
+    ("UINT8", "TYPE_UINT8", TRITONSERVER_TYPE_UINT8, "uint8"),
+    ("UINT16", "TYPE_UINT16", TRITONSERVER_TYPE_UINT16, "uint16"),
+    ("UINT32", "TYPE_UINT32", TRITONSERVER_TYPE_UINT32, "uint32"),
+    ("UINT64", "TYPE_UINT64", TRITONSERVER_TYPE_UINT64, "uint64"),
+    ("INT8", "TYPE_INT8", TRITONSERVER_TYPE_INT8, "int8"),
+    ("INT16", "TYPE_INT16", TRITONSERVER_TYPE_INT16, "int16"),
+    ("INT32", "TYPE_INT32", TRITONSERVER_TYPE_INT32, "int32"),
+    ("INT64", "TYPE_INT64", TRITONSERVER_TYPE_INT64, "int64"),
+    ("FP16", "TYPE_FP16", TRITONSERVER_TYPE_FP16, "float16"),
+    ("FP32", "TYPE_FP32", TRITONSERVER_TYPE_FP32, "float32"),
+    ("FP64", "TYPE_FP64", TRITONSERVER_TYPE_FP64, "float64"),
+    ("BYTES", "TYPE_STRING", TRITONSERVER_TYPE_BYTES, "object_"),
+]
+
+
+def _np_type(name: str):
+    return getattr(np, name)
+
+
+def _dtype_name(dtype) -> str:
+    """numpy's name of a dtype or scalar type (`float32`, `bool`, `object`, `bytes_`)."""
+    d = np.dtype(dtype) if HAVE_NUMPY else np.as_dtype(dtype)
+    if HAVE_NUMPY and d.kind in "SU":
+        return "object_"
+    return {"bool": "bool_", "object": "object_"}.get(d.name, d.name)
+
+
+def triton_string_to_numpy(triton_type_string: str):
+    for _, config_name, _, np_name in _TYPES:
+        if config_name == triton_type_string:
+            return _np_type(np_name)
+    raise TritonModelException(f"unknown Triton type '{triton_type_string}'")
+
+
+def triton_to_numpy_type(data_type: int):
+    for _, _, code, np_name in _TYPES:
+        if code == data_type:
+            return _np_type(np_name)
+    if data_type == TRITONSERVER_TYPE_BF16:
+        raise TritonModelException("BF16 tensors are not supported")
+    return None
+
+
+def numpy_to_triton_type(data_type) -> int | None:
+    try:
+        name = _dtype_name(data_type)
+    except TypeError:
+        return None
+    for _, _, code, np_name in _TYPES:
+        if np_name == name:
+            return code
+    return None
+
+
+def _kserve_of_dtype(dtype) -> str:
+    name = _dtype_name(dtype)
+    for kserve, _, _, np_name in _TYPES:
+        if np_name == name:
+            return kserve
+    raise TritonModelException(f"tensors of numpy type {name} are not supported")
+
+
+def serialize_byte_tensor(input_tensor):
+    """Triton's wire form of a BYTES tensor: each element as a 4-byte length and its bytes."""
+    if input_tensor.size == 0:
+        return np.array([], dtype=np.object_)
+    out = bytearray()
+    for v in _flat(input_tensor):
+        b = v if isinstance(v, bytes) else str(v).encode()
+        out += struct.pack("<I", len(b)) + b
+    return np.array([bytes(out)], dtype=np.object_)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes):
+    items, offset = [], 0
+    while offset < len(encoded_tensor):
+        (n,) = struct.unpack_from("<I", encoded_tensor, offset)
+        offset += 4
+        items.append(bytes(encoded_tensor[offset:offset + n]))
+        offset += n
+    return np.array(items, dtype=np.object_)
+
+
+def _flat(arr) -> list:
+    return list(arr.flatten()) if HAVE_NUMPY else list(arr.flat)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+class TritonError:
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL):
+        self._message, self._code = str(message), code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self):
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class TritonModelException(Exception):
+    pass
+
+
+# --- tensors ----------------------------------------------------------------------------------
+
+class Tensor:
+    """A named tensor. A request's tensor stays in its wire form until `as_numpy()` is called,
+    and goes on to a BLS call or a response without a copy."""
+
+    def __init__(self, name: str, data, dtype=None):
+        self._name = name
+        if isinstance(data, wire.WireTensor):
+            self._wire, self._array = data, None
+            return
+        if not isinstance(data, np.ndarray):
+            raise TritonModelException(
+                f"Tensor '{name}': the data must be a numpy array, not {type(data).__name__}")
+        if dtype is not None:
+            data = data.astype(dtype)
+        self._array = data
+        self._wire = wire.WireTensor.from_array(name, _kserve_of_dtype(data.dtype), data, np)
+
+    @classmethod
+    def _from_wire(cls, tensor: "wire.WireTensor") -> "Tensor":
+        t = cls.__new__(cls)
+        t._name, t._wire, t._array = tensor.name, tensor, None
+        return t
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self):
+        if self._array is None:
+            self._array = self._wire.to_array(np)
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._wire.shape)
+
+    def triton_dtype(self) -> int:
+        return next(code for kserve, _, code, _ in _TYPES if kserve == self._wire.datatype)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self):
+        raise TritonModelException("DLPack is not available in the sandbox: use as_numpy()")
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        raise TritonModelException("DLPack is not available in the sandbox: build the Tensor "
+                                   "from an array")
+
+    def _renamed(self, name: str) -> "wire.WireTensor":
+        return self._wire if self._wire.name == name else self._wire.renamed(name)
+
+
+def get_input_tensor_by_name(inference_request, name):
+    return inference_request._input(name)
+
+
+def get_output_tensor_by_name(inference_response, name):
+    for t in inference_response.output_tensors():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_input_config_by_name(model_config, name):
+    return _config_by_name(model_config, "input", name)
+
+
+def get_output_config_by_name(model_config, name):
+    return _config_by_name(model_config, "output", name)
+
+
+def _config_by_name(model_config, key, name):
+    if isinstance(model_config, str):
+        model_config = json.loads(model_config)
+    for entry in model_config.get(key, []):
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+# --- requests and responses -------------------------------------------------------------------
+
+class InferenceRequest:
+    """A request: what `execute` receives, and what a model builds to call another model (BLS)
+    with `exec()` or `async_exec()`."""
+
+    def __init__(self, model_name="", requested_output_names=None, inputs=None, request_id="",
+                 correlation_id=0, trace=None, model_version=-1, flags=0, timeout=0,
+                 preferred_memory=None, parameters=None):
+        if isinstance(model_name, bytes):
+            model_name = model_name.decode()
+        self._model_name = str(model_name)
+        self._requested = list(requested_output_names or [])
+        self._inputs = list(inputs or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._model_version = int(model_version)
+        self._flags = flags
+        self._timeout = timeout
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters)
+        self._parameters = dict(parameters or {})
+
+    @classmethod
+    def _from_wire(cls, request: "wire.WireRequest") -> "InferenceRequest":
+        r = cls(requested_output_names=request.requested_outputs,
+                inputs=[Tensor._from_wire(t) for t in request.inputs],
+                request_id=request.id, parameters=request.parameters)
+        return r
+
+    def _input(self, name):
+        for t in self._inputs:
+            if t.name() == name:
+                return t
+        return None
+
+    def inputs(self):
+        return list(self._inputs)
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def model_name(self):
+        return self._model_name
+
+    def model_version(self):
+        return self._model_version
+
+    def requested_output_names(self):
+        return list(self._requested)
+
+    def flags(self):
+        return self._flags
+
+    def timeout(self):
+        return self._timeout
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self):
+        raise TritonModelException(
+            "get_response_sender() needs a decoupled model (model_transaction_policy "
+            "{ decoupled: true }); decoupled Python models are not built by `tessera build` yet")
+
+    def exec(self, decoupled=False):
+        """Calls the model through the server's queue; an error comes back in the response."""
+        if decoupled:
+            raise TritonModelException("exec(decoupled=True) is not supported in the sandbox yet")
+        version = None if self._model_version < 0 else self._model_version
+        try:
+            outputs, parameters = wire.infer(
+                self._model_name, version,
+                wire.WireRequest(self._request_id or "", [t._wire for t in self._inputs],
+                                 self._requested, self._parameters))
+        except wire.InferError as e:
+            return InferenceResponse(error=TritonError(e.message, _ERROR_CODES.get(e.kind,
+                                                                                   TritonError.INTERNAL)))
+        return InferenceResponse(output_tensors=[Tensor._from_wire(t) for t in outputs],
+                                 parameters=parameters)
+
+    async def async_exec(self, decoupled=False):
+        # The sandbox has one thread: the call runs when awaited, one after another.
+        return self.exec(decoupled)
+
+
+_ERROR_CODES = {
+    "model-not-found": TritonError.NOT_FOUND,
+    "model-not-ready": TritonError.UNAVAILABLE,
+    "invalid-input": TritonError.INVALID_ARG,
+    "quota-exceeded": TritonError.UNAVAILABLE,
+    "timeout": TritonError.UNAVAILABLE,
+    "internal": TritonError.INTERNAL,
+}
+# The WIT error kind a TritonError code becomes (and with it the HTTP status).
+ERROR_KINDS = {
+    TritonError.NOT_FOUND: "model-not-found",
+    TritonError.INVALID_ARG: "invalid-input",
+    TritonError.UNAVAILABLE: "model-not-ready",
+}
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        self._outputs = list(output_tensors or [])
+        if error is not None and not isinstance(error, TritonError):
+            error = TritonError(str(error))
+        self._error = error
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters)
+        self._parameters = dict(parameters or {})
+
+    def output_tensors(self):
+        return list(self._outputs)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+# --- logging and metrics ----------------------------------------------------------------------
+
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+class Logger:
+    """Triton's logger: messages go to the server's log, tagged with the model."""
+
+    @staticmethod
+    def log(message, level=LogLevel.INFO):
+        wire.log({LogLevel.INFO: "info", LogLevel.WARNING: "warn", LogLevel.ERROR: "error",
+                  LogLevel.VERBOSE: "debug"}.get(level, "info"), str(message))
+
+    @staticmethod
+    def log_info(message):
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message):
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message):
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message):
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+class MetricFamily:
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name, description, kind):
+        raise TritonModelException("custom metrics are not available to handlers yet")
+
+
+def using_decoupled_model_transaction_policy(model_config) -> bool:
+    if isinstance(model_config, str):
+        model_config = json.loads(model_config)
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+# Triton's own module exposes these too; some model.py files use them through pb_utils.
+__all__ = [name for name in dir() if not name.startswith("_") and name not in ("asyncio",)]
