@@ -28,6 +28,9 @@ PINS=(
   "openai==3.57.0"
   # The TensorRT-LLM guide's client tokenizes with transformers (no torch needed for that).
   "transformers==5.24.0"
+  # `tessera build` makes Wasm components of Triton model.py files with it (pinned in
+  # host/src/python_build.rs too).
+  "componentize-py==0.25.1"
 )
 
 if [ ! -x .venv/bin/python ]; then

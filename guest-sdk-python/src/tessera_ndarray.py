@@ -446,16 +446,17 @@ class ndarray:
         if isinstance(index, tuple):
             if len(index) > self.ndim:
                 raise IndexError("too many indices for array")
+            # Integers index one axis after the other; a full slice after them keeps the rest.
             out = self
             for depth, i in enumerate(index):
                 if isinstance(i, slice) and i == slice(None):
-                    if depth == 0:
-                        continue
+                    if all(isinstance(j, slice) and j == slice(None) for j in index[depth:]):
+                        return out
+                    raise NotInSandbox("a full slice before another index")
+                if isinstance(i, slice) and depth:
                     raise NotInSandbox("slicing an axis after the first")
-                if depth and not isinstance(out, ndarray):
-                    raise IndexError("too many indices for array")
-                if depth:
-                    raise NotInSandbox("indexing beyond the first axis with a tuple")
+                if isinstance(i, slice) and len(index) > 1:
+                    raise NotInSandbox("a slice followed by another index")
                 out = out[i]
             return out
         if not self.shape:
@@ -482,6 +483,10 @@ class ndarray:
     def _binary(self, other, op, reflected=False, compare=False):
         if isinstance(other, (list, tuple)):
             other = array(other)
+        if compare and isinstance(other, (bool, int, float)):
+            # A comparison takes the scalar's exact value, in range of the dtype or not.
+            values = op(self._data, [other] * self.size, None)
+            return ndarray._of(values, self.shape, bool_)
         if isinstance(other, ndarray):
             d = _promote(self.dtype, other.dtype)
             shape = _broadcast_shape(self.shape, other.shape)
@@ -502,8 +507,13 @@ class ndarray:
         return values if isinstance(values, ndarray) else ndarray._of(values, shape, d)
 
     @staticmethod
-    def _arith(fn, *, true_div=False):
+    def _arith(fn, *, true_div=False, bools_become=None):
         def op(left, right, d):
+            if d.kind == "b" and bools_become is not None:
+                # numpy computes // and % of two bool arrays in int8.
+                d = bools_become
+                return _Result([_wrap_int(fn(int(a), int(b), "i"), d)
+                                for a, b in zip(left, right)], d)
             if true_div:
                 out = d if d.kind == "f" else float64
                 return _Result([_round_float(_float_div(float(a), float(b)), out)
@@ -526,6 +536,8 @@ class ndarray:
         return self._finish(self._binary(o, ndarray._arith(lambda a, b, k: a - b)))
 
     def __rsub__(self, o):
+        if self.dtype is bool_ and isinstance(o, bool):
+            raise TypeError("numpy boolean subtract, the `-` operator, is not supported")
         return self._finish(self._binary(o, ndarray._arith(lambda a, b, k: a - b), True))
 
     def __mul__(self, o):
@@ -533,23 +545,32 @@ class ndarray:
 
     __rmul__ = __mul__
 
+    def _true_div_operand(self, o):
+        # True division of integers runs in float64: a Python int is a float64 operand then,
+        # never out of the integer dtype's bounds.
+        if isinstance(o, int) and not isinstance(o, bool) and self.dtype.kind in "biu":
+            return float(o)
+        return o
+
     def __truediv__(self, o):
+        o = self._true_div_operand(o)
         return self._finish(self._binary(o, ndarray._arith(None, true_div=True)))
 
     def __rtruediv__(self, o):
+        o = self._true_div_operand(o)
         return self._finish(self._binary(o, ndarray._arith(None, true_div=True), True))
 
     def __floordiv__(self, o):
-        return self._finish(self._binary(o, ndarray._arith(_floor_div)))
+        return self._finish(self._binary(o, ndarray._arith(_floor_div, bools_become=int8)))
 
     def __rfloordiv__(self, o):
-        return self._finish(self._binary(o, ndarray._arith(_floor_div), True))
+        return self._finish(self._binary(o, ndarray._arith(_floor_div, bools_become=int8), True))
 
     def __mod__(self, o):
-        return self._finish(self._binary(o, ndarray._arith(_mod)))
+        return self._finish(self._binary(o, ndarray._arith(_mod, bools_become=int8)))
 
     def __rmod__(self, o):
-        return self._finish(self._binary(o, ndarray._arith(_mod), True))
+        return self._finish(self._binary(o, ndarray._arith(_mod, bools_become=int8), True))
 
     @staticmethod
     def _finish(result):

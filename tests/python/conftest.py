@@ -161,7 +161,8 @@ def binary() -> Path:
     return bin_path if bin_path.is_absolute() else REPO_ROOT / bin_path
 
 
-def launch(bin_path: Path, args: list[str], ready_path: str = "/v2/health/ready"):
+def launch(bin_path: Path, args: list[str], ready_path: str = "/v2/health/ready",
+           ready_timeout: float = READY_TIMEOUT_S):
     """Starts tessera with `args` on free loopback ports and a store of its own (in its log
     directory) and waits until `ready_path` answers 200. Returns (Server, process, stderr log);
     the caller stops it with `stop`."""
@@ -182,7 +183,7 @@ def launch(bin_path: Path, args: list[str], ready_path: str = "/v2/health/ready"
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err)
     srv = None
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + ready_timeout
     while True:
         if proc.poll() is not None:
             pytest.fail(f"tessera exited with status {proc.returncode} before becoming ready\n"
@@ -207,7 +208,7 @@ def launch(bin_path: Path, args: list[str], ready_path: str = "/v2/health/ready"
                        and not (MODEL_REPOSITORY / m / "1" / "model.onnx").is_file()]
             hint = (f"\nnote: {', '.join(missing)} ha{'s' if len(missing) == 1 else 've'} a config "
                     "but no model.onnx (run scripts/fetch_models.sh)" if missing else "")
-            pytest.fail(f"tessera not ready after {READY_TIMEOUT_S:.0f} s{hint}\n"
+            pytest.fail(f"tessera not ready after {ready_timeout:.0f} s{hint}\n"
                         f"command: {' '.join(cmd)}\n--- stderr tail ---\n{_tail(log)}",
                         pytrace=False)
         time.sleep(0.1)

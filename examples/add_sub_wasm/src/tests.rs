@@ -14,6 +14,26 @@ fn request(a: &[f32], b: &[f32], rows: i64) -> Request {
 }
 
 #[test]
+fn takes_the_shape_from_its_config() {
+    let config = r#"{"max_batch_size": 0, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": ["4"]}]}"#;
+    let mut m = AddSub::initialize(&ModelConfig::from_json(config).unwrap()).unwrap();
+    let four = Request::new(vec![
+        Tensor::from_f32("INPUT0", [4], &[1.0, 2.0, 3.0, 4.0]),
+        Tensor::from_f32("INPUT1", [4], &[1.0; 4]),
+    ]);
+    let response = m.execute_request(four).unwrap();
+    assert_eq!(
+        *response.output("OUTPUT1").unwrap().as_f32().unwrap(),
+        [0.0, 1.0, 2.0, 3.0]
+    );
+    assert!(
+        m.execute_request(request(&[1.0; 16], &[2.0; 16], 1))
+            .unwrap_err()
+            .is_invalid_input()
+    );
+}
+
+#[test]
 fn sum_and_difference_for_every_row() {
     let a: Vec<f32> = (0..32).map(|i| i as f32).collect();
     let b = vec![1.0; 32];

@@ -1,0 +1,264 @@
+"""Triton Python models (model.py), unchanged, built by `tessera build` and served sandboxed.
+
+Triton's own python_backend examples (examples/triton-python, byte for byte upstream) are built
+with componentize-py into Wasm components and served by the real binary; Triton's own clients
+and tritonclient (HTTP and gRPC) check the answers. The BLS examples reach a Python model, an
+ONNX model and a Rust handler through the server's queue. A probe model.py checks that the
+sandbox holds for Python exactly as for Rust guests: a `while True`, a memory bomb and
+`open('/etc/passwd')` are each contained, and the model serves again after each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import REPO_ROOT, binary, launch, stop
+
+EXAMPLES = REPO_ROOT / "examples" / "triton-python"
+COMPONENTIZE_PY = REPO_ROOT / ".venv" / "bin" / "componentize-py"
+
+# SHA-256 of the files as they are upstream (triton-inference-server/python_backend f9088ff).
+UPSTREAM = {
+    "repository/add_sub/1/model.py": "967a1df810d9e24e7cbb9c65aacc12778e3020d7525c1e8196c7fb669bf1ce05",
+    "repository/bls_sync/1/model.py": "bd0987773ba0ac43fa218e3cac39dfc5947b0423e11d9ae65385efb4200721f5",
+    "repository/bls_async/1/model.py": "5c8fa77e676567f87f9b8044f1e7bbb3041b9cd86211c8f92f0f439445af15be",
+    "clients/add_sub_client.py": "5609f82cebe6fc1b562aed228dbe791a24db3a7e0087706380624c9ecb3b7810",
+    "clients/sync_client.py": "74ed6e3fb2522cdf89fbbc27c0dbb71f0cd467fde9027401576172776decd3c8",
+    "clients/async_client.py": "20d82530417b19e89fb52628799521a1b7f32dd01eaecbfad51987af4522e00e",
+}
+
+# A Triton-style model.py that misbehaves on request: MODE picks how.
+PROBE = '''
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.config = json.loads(args["model_config"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
+            if mode == "loop":
+                while True:
+                    pass
+            if mode == "memory":
+                hoard = []
+                while True:
+                    hoard.append(bytearray(16 << 20))
+            if mode == "file":
+                with open("/etc/passwd") as f:
+                    text = f.read()
+                out = text.encode()
+            else:
+                out = b"ok:" + mode.encode()
+            tensor = pb_utils.Tensor("OUT", pb_utils.np.array([out], dtype=pb_utils.np.object_))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+        return responses
+'''
+PROBE_CONFIG = '''
+name: "sandbox_probe"
+backend: "python"
+max_batch_size: 0
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+parameters: { key: "execute_deadline_ms" value: { string_value: "2000" } }
+parameters: { key: "max_memory_bytes" value: { string_value: "134217728" } }
+'''
+
+# Triton's add_sub contract (FP32 [4]) served by the Rust example handler.
+RUST_CONFIG = '''
+name: "add_sub_rust"
+backend: "wasm"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+'''
+
+
+def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary()), "build", str(model_dir),
+                           "--componentize-py", str(COMPONENTIZE_PY)],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def python_server():
+    if not COMPONENTIZE_PY.exists():
+        pytest.fail(f"{COMPONENTIZE_PY} missing: run scripts/setup-python.sh", pytrace=False)
+    work = Path(tempfile.mkdtemp(prefix="tessera-python-models-"))
+    repo = work / "repository"
+    shutil.copytree(EXAMPLES / "repository", repo,
+                    ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
+    (repo / "sandbox_probe" / "1").mkdir(parents=True)
+    (repo / "sandbox_probe" / "config.pbtxt").write_text(PROBE_CONFIG)
+    (repo / "sandbox_probe" / "1" / "model.py").write_text(PROBE)
+    rust = REPO_ROOT / "model_repository" / "add_sub_wasm" / "1" / "model.wasm"
+    (repo / "add_sub_rust" / "1").mkdir(parents=True)
+    (repo / "add_sub_rust" / "config.pbtxt").write_text(RUST_CONFIG)
+    shutil.copy(rust, repo / "add_sub_rust" / "1" / "model.wasm")
+    # A Python model nobody built: refused at load, naming the command that builds it.
+    shutil.copytree(repo / "add_sub", repo / "unbuilt")
+    config = (repo / "unbuilt" / "config.pbtxt").read_text()
+    (repo / "unbuilt" / "config.pbtxt").write_text(config.replace('"add_sub"', '"unbuilt"'))
+    for model in ("add_sub", "bls_sync", "bls_async", "sandbox_probe"):
+        built = tessera_build(repo / model)
+        assert built.returncode == 0, built.stderr
+        assert (repo / model / "1" / "model.wasm").is_file()
+        assert not (repo / model / "1" / "__pycache__").exists(), "the build left __pycache__"
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo)],
+                            # Each Python model compiles CPython anew: ~16 s on 2 cores.
+                            ready_path="/v2/models/add_sub/ready", ready_timeout=240)
+    ok = False
+    try:
+        for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch"):
+            assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
+        srv.repo = repo  # the built models, for the deploy test
+        yield srv
+        ok = True
+    finally:
+        stop(proc, log, keep=not ok)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_triton_files_are_upstream_byte_for_byte():
+    for relative, digest in UPSTREAM.items():
+        assert hashlib.sha256((EXAMPLES / relative).read_bytes()).hexdigest() == digest, relative
+
+
+def _add_sub_inputs(module, a, b, model_name=None):
+    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    if model_name is not None:
+        name = module.InferInput("MODEL_NAME", [1], "BYTES")
+        name.set_data_from_numpy(np.array([model_name], dtype=np.object_))
+        inputs.append(name)
+    return inputs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_add_sub_model_py_answers_through_tritonclient(python_server, protocol):
+    rng = np.random.default_rng(7)
+    a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
+    if protocol == "http":
+        module, client = httpclient, httpclient.InferenceServerClient(python_server.url)
+    else:
+        module = grpcclient
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+    result = client.infer("add_sub", _add_sub_inputs(module, a, b))
+    assert result.as_numpy("OUTPUT0").dtype == np.float32
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    config = client.get_model_config("add_sub")
+    backend = config["backend"] if protocol == "http" else config.config.backend
+    assert backend == "python"
+
+
+@pytest.mark.parametrize("callee", ["add_sub", "pytorch", "add_sub_rust"])
+def test_bls_sync_model_py_reaches_python_onnx_and_rust(python_server, callee):
+    client = httpclient.InferenceServerClient(python_server.url)
+    a = np.array([1.5, -2.0, 3.25, 0.0], dtype=np.float32)
+    b = np.array([0.5, 4.0, -1.25, 7.0], dtype=np.float32)
+    result = client.infer("bls_sync", _add_sub_inputs(httpclient, a, b, callee))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_bls_sync_names_the_callee_error(python_server):
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+    a = np.ones(4, dtype=np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("bls_sync", _add_sub_inputs(grpcclient, a, a, "no_such_model"))
+    assert "no_such_model" in e.value.message()
+
+
+def test_bls_async_model_py_gathers_two_models(python_server):
+    client = httpclient.InferenceServerClient(python_server.url)
+    a = np.array([1, 2, 3, 4], dtype=np.float32)
+    b = np.array([10, 20, 30, 40], dtype=np.float32)
+    result = client.infer("bls_async", _add_sub_inputs(httpclient, a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)  # from "pytorch"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)  # from "add_sub"
+
+
+@pytest.mark.parametrize("script,passed", [("add_sub_client.py", "PASS: add_sub"),
+                                           ("sync_client.py", "PASS: BLS Sync"),
+                                           ("async_client.py", "PASS: BLS Async")])
+def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
+    # Triton's client, with only its server address changed (it calls localhost:8000).
+    source = (EXAMPLES / "clients" / script).read_text()
+    assert source.count('"localhost:8000"') == 1
+    patched = tmp_path / script
+    patched.write_text(source.replace('"localhost:8000"', f'"127.0.0.1:{python_server.http_port}"'))
+    run = subprocess.run([sys.executable, str(patched)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert passed in run.stdout
+
+
+def _probe(srv, mode: str):
+    client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
+    inp = httpclient.InferInput("MODE", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    return client.infer("sandbox_probe", [inp]).as_numpy("OUT")[0]
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("loop", "deadline"),
+    ("memory", "memory"),  # MemoryError: the guest's linear memory is capped
+    ("file", "error: [errno"),  # no file system at all: open() fails inside the guest
+])
+def test_the_sandbox_contains_a_misbehaving_model_py(python_server, mode, expected):
+    with pytest.raises(InferenceServerException) as e:
+        _probe(python_server, mode)
+    message = e.value.message()
+    assert expected in message.lower(), message
+    assert "root:" not in message, "the guest read the host's /etc/passwd"
+    # The model serves again, and so does everything else.
+    assert _probe(python_server, "again") == b"ok:again"
+    client = httpclient.InferenceServerClient(python_server.url)
+    a = np.ones(4, dtype=np.float32)
+    result = client.infer("add_sub", _add_sub_inputs(httpclient, a, a))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
+def test_an_unbuilt_model_py_is_refused_with_the_command_that_builds_it(python_server):
+    status, _, body = python_server.request("POST", "/v2/repository/index", b"{}")
+    assert status == 200
+    entry = next(m for m in json.loads(body) if m["name"] == "unbuilt")
+    assert entry["state"] == "UNAVAILABLE"
+    assert "tessera build" in entry["reason"], entry
+
+
+def test_a_python_model_deploys_to_the_running_server(python_server, tmp_path):
+    model = tmp_path / "add_sub_deployed"
+    shutil.copytree(python_server.repo / "add_sub", model)
+    config = (model / "config.pbtxt").read_text().replace('"add_sub"', '"add_sub_deployed"')
+    (model / "config.pbtxt").write_text(config)
+    run = subprocess.run([str(binary()), "deploy", str(model), "--server", python_server.url],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    client = httpclient.InferenceServerClient(python_server.url)
+    a = np.array([3, 1, 4, 1], dtype=np.float32)
+    result = client.infer("add_sub_deployed", _add_sub_inputs(httpclient, a, a))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros(4, dtype=np.float32))
