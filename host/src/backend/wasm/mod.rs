@@ -16,6 +16,7 @@ mod cache;
 mod convert;
 mod decoupled;
 mod function;
+mod function_cache;
 mod host;
 mod limits;
 
@@ -87,6 +88,11 @@ impl WasmRuntime {
         pool.max_memory_size(max_memory);
         pool.total_stacks(instances);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        if limits.wasm_function_cache_bytes > 0 {
+            config.enable_incremental_compilation(Arc::new(function_cache::FunctionCache::new(
+                limits.wasm_function_cache_bytes,
+            )))?;
+        }
         let engine = Engine::new(&config).map_err(|e| {
             anyhow::anyhow!(
                 "the Wasm instance pool could not reserve {} GiB of address space: {e:#}. Lower \
