@@ -134,6 +134,17 @@ def _round_float(v: float, d: dtype) -> float:
         return math.copysign(math.inf, v)
 
 
+def _round_floats(values: list, d: dtype) -> list:
+    """`values` rounded to `d` in one pack/unpack (per value only when one overflows)."""
+    if d is float64:
+        return values
+    try:
+        return list(struct.unpack(f"<{len(values)}{d.code}",
+                                  struct.pack(f"<{len(values)}{d.code}", *values)))
+    except (OverflowError, struct.error):
+        return [_round_float(v, d) for v in values]
+
+
 def _cast_scalar(v, src_kind: str, d: dtype):
     """One value cast to `d`, as numpy's astype does."""
     if d.kind == "O":
@@ -438,6 +449,8 @@ class ndarray:
         if d is self.dtype:
             return self.copy() if copy else self
         kind = self.dtype.kind
+        if d.kind == "f" and kind in "fiub":
+            return ndarray._of(_round_floats([float(v) for v in self._data], d), self.shape, d)
         return ndarray._of([_cast_scalar(v, kind if kind != "u" else "i", d) for v in self._data],
                            self.shape, d)
 
@@ -516,10 +529,10 @@ class ndarray:
                                 for a, b in zip(left, right)], d)
             if true_div:
                 out = d if d.kind == "f" else float64
-                return _Result([_round_float(_float_div(float(a), float(b)), out)
-                                for a, b in zip(left, right)], out)
+                return _Result(_round_floats([_float_div(float(a), float(b))
+                                              for a, b in zip(left, right)], out), out)
             if d.kind == "f":
-                return [_round_float(fn(float(a), float(b), "f"), d) for a, b in zip(left, right)]
+                return _round_floats([fn(float(a), float(b), "f") for a, b in zip(left, right)], d)
             if d.kind == "b":
                 return [bool(fn(int(a), int(b), "i")) for a, b in zip(left, right)]
             return [_wrap_int(fn(int(a), int(b), "i"), d) for a, b in zip(left, right)]

@@ -117,9 +117,9 @@ def _to_wit(response, request: "wire.WireRequest"):
         kind = pb_utils.ERROR_KINDS.get(err.code(), "internal")
         return wire.Err(_error(kind, err.message()))
     wanted = set(request.requested_outputs)
-    outputs = [t._renamed(t.name()).to_wit() for t in response.output_tensors()
+    outputs = [t._wire.to_wit() for t in response._outputs
                if not wanted or t.name() in wanted]
-    return Ok(types.Response(outputs, wire.parameters_to_wit(json.loads(response.parameters()))))
+    return Ok(types.Response(outputs, wire.parameters_to_wit(response._parameters)))
 
 
 class _NoSelector:

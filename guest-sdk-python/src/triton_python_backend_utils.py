@@ -99,7 +99,14 @@ def numpy_to_triton_type(data_type) -> int | None:
     return None
 
 
+_KSERVE_BY_NP_NAME = {np_name: kserve for kserve, _, _, np_name in _TYPES}
+
+
 def _kserve_of_dtype(dtype) -> str:
+    if not HAVE_NUMPY and isinstance(dtype, np.dtype):  # the sandbox's arrays: a lookup
+        kserve = _KSERVE_BY_NP_NAME.get({"bool": "bool_", "object": "object_"}.get(dtype.name, dtype.name))
+        if kserve is not None:
+            return kserve
     name = _dtype_name(dtype)
     for kserve, _, _, np_name in _TYPES:
         if np_name == name:

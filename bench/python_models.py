@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Triton's add_sub as a Python model.py (built by `tessera build`), as a Rust handler and as
+an ONNX model, side by side in one server: throughput, p50/p99 latency and server CPU per
+inference over HTTP at each concurrency, and the guest's own time per execution from the
+server's metrics. Not run in CI.
+
+    .venv/bin/python bench/python_models.py [--bin target/release/tessera] [--seconds 5]
+        [--concurrency 1,16]
+
+It builds a scratch repository (examples/triton-python's add_sub and the Rust example handler
+at the same FP32 [4] contract), starts the server on free ports, and removes both at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import tritonclient.http as httpclient
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from stream_load import tree_cpu_seconds  # noqa: E402
+
+RUST_CONFIG = """name: "add_sub_rust"
+backend: "wasm"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+MODELS = [("add_sub", "Python model.py (Triton's, unchanged)"),
+          ("add_sub_rust", "Rust handler"),
+          ("pytorch", "ONNX Runtime")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(metrics_port: int, name: str, model: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def load(url: str, model: str, concurrency: int, seconds: float):
+    latencies: list[float] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def worker():
+        client = httpclient.InferenceServerClient(url)
+        a = np.random.rand(4).astype(np.float32)
+        inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(a)
+        mine = []
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            client.infer(model, inputs)
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+        client.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, time.perf_counter() - t0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--bin", default=str(ROOT / "target" / "release" / "tessera"))
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--concurrency", default="1,16")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tessera-bench-python-"))
+    proc = None
+    try:
+        repo = work / "repository"
+        repo.mkdir()
+        for m in ("add_sub", "pytorch"):
+            shutil.copytree(ROOT / "examples" / "triton-python" / "repository" / m, repo / m,
+                            ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
+        (repo / "add_sub_rust" / "1").mkdir(parents=True)
+        (repo / "add_sub_rust" / "config.pbtxt").write_text(RUST_CONFIG)
+        shutil.copy(ROOT / "model_repository" / "add_sub_wasm" / "1" / "model.wasm",
+                    repo / "add_sub_rust" / "1" / "model.wasm")
+        t0 = time.perf_counter()
+        subprocess.run([args.bin, "build", str(repo / "add_sub"), "--componentize-py",
+                        str(ROOT / ".venv" / "bin" / "componentize-py")], check=True,
+                       stdout=subprocess.DEVNULL)
+        build_s = time.perf_counter() - t0
+        http, grpc, metrics = free_port(), free_port(), free_port()
+        env = dict(os.environ)
+        proc = subprocess.Popen([args.bin, "--model-repository", str(repo), "--store", str(work / "store"),
+                                 "--http-port", str(http), "--grpc-port", str(grpc),
+                                 "--metrics-port", str(metrics), "--http-address", "127.0.0.1",
+                                 "--grpc-address", "127.0.0.1", "--wasm-cache-dir", str(work / "cache")],
+                                stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"), env=env)
+        t0 = time.perf_counter()
+        url = f"127.0.0.1:{http}"
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.perf_counter() - t0 > 300:
+                sys.exit(f"server did not start: {(work / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        ready_s = time.perf_counter() - t0
+        compiled = re.findall(r"compiled-code cache miss.*", (work / "server.log").read_text())
+        print(f"tessera build: {build_s:.1f} s; server ready (cold compile) in {ready_s:.1f} s; "
+              f"component {(repo / 'add_sub' / '1' / 'model.wasm').stat().st_size / 1e6:.1f} MB; "
+              f"{len(compiled)} components compiled")
+        print()
+        print("| model | concurrency | requests/s | p50 ms | p99 ms | server CPU µs/inference | guest µs/exec |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for model, what in MODELS:
+            load(url, model, 1, 1.0)  # warm-up
+            for c in [int(x) for x in args.concurrency.split(",")]:
+                count0 = metric(metrics, "nv_inference_exec_count", model)
+                compute0 = metric(metrics, "nv_inference_compute_infer_duration_us", model)
+                cpu0 = tree_cpu_seconds(proc.pid)
+                lat, wall = load(url, model, c, args.seconds)
+                cpu = tree_cpu_seconds(proc.pid) - cpu0
+                execs = metric(metrics, "nv_inference_exec_count", model) - count0
+                compute = metric(metrics, "nv_inference_compute_infer_duration_us", model) - compute0
+                lat_ms = np.array(lat) * 1e3
+                print(f"| {model} ({what}) | {c} | {len(lat) / wall:,.0f} | {np.percentile(lat_ms, 50):.2f} | "
+                      f"{np.percentile(lat_ms, 99):.2f} | {cpu / len(lat) * 1e6:,.0f} | "
+                      f"{compute / execs if execs else float('nan'):,.0f} |", flush=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
