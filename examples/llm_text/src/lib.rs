@@ -250,7 +250,10 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../model_repository/tensorrt_llm/1");
         if !dir.join("tokenizer.json").exists() {
-            eprintln!("skipped: {} has no tokenizer.json (scripts/fetch_models.sh)", dir.display());
+            eprintln!(
+                "skipped: {} has no tokenizer.json (scripts/fetch_models.sh)",
+                dir.display()
+            );
             return;
         }
         let text = Text::load(&dir).expect("tokenizer loads");
@@ -269,7 +272,10 @@ mod tests {
                 let mut streamed = String::new();
                 for chunk in ids.chunks(step) {
                     let delta = detokenizer.push(&text, chunk).expect("pushes");
-                    assert!(!delta.contains('\u{fffd}'), "{sample:?}: half a character in {delta:?}");
+                    assert!(
+                        !delta.contains('\u{fffd}'),
+                        "{sample:?}: half a character in {delta:?}"
+                    );
                     streamed.push_str(&delta);
                 }
                 streamed.push_str(&detokenizer.finish(&text).expect("finishes"));
@@ -294,7 +300,10 @@ mod tests {
             streamed.push_str(&detokenizer.push(&text, &[*id]).expect("pushes"));
         }
         streamed.push_str(&detokenizer.finish(&text).expect("finishes"));
-        assert!(streamed.starts_with("ok") && !streamed.contains('\u{fffd}'), "{streamed:?}");
+        assert!(
+            streamed.starts_with("ok") && !streamed.contains('\u{fffd}'),
+            "{streamed:?}"
+        );
     }
 
     #[test]
