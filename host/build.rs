@@ -14,19 +14,39 @@ fn main() {
     build_guests();
 }
 
-/// `tessera build` carries what it hands componentize-py: the WIT and the Python guest SDK
-/// (`guest-sdk-python/src`), so the binary builds a model.py wherever it runs.
+/// `tessera build` carries what it hands componentize-py and componentize-qjs: the WIT and the
+/// Python and JavaScript guest SDKs, so the binary builds a model.py or model.js wherever it runs.
 fn embed_python_build_files() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let root = manifest_dir.parent().expect("host/ has a parent");
     let mut out = String::new();
-    for (constant, dir, ext) in [
-        ("WIT_FILES", root.join("wit"), "wit"),
-        ("PYTHON_SDK_FILES", root.join("guest-sdk-python/src"), "py"),
+    for (constant, dir, sub, exts) in [
+        ("WIT_FILES", root.join("wit"), "", &["wit"][..]),
+        (
+            "PYTHON_SDK_FILES",
+            root.join("guest-sdk-python/src"),
+            "",
+            &["py"][..],
+        ),
+        (
+            "JS_SDK_FILES",
+            root.join("guest-sdk-js"),
+            "src",
+            &["js", "ts"][..],
+        ),
     ] {
-        println!("cargo:rerun-if-changed={}", dir.display());
+        println!("cargo:rerun-if-changed={}", dir.join(sub).display());
         let mut files = Vec::new();
-        collect_files(&dir, &dir, ext, &mut files);
+        collect_files(&dir, &dir.join(sub), exts, &mut files);
+        if constant == "JS_SDK_FILES" {
+            // The package's manifest, for `import ... from "@tessera/guest"`; not node_modules.
+            let manifest = dir.join("package.json");
+            println!("cargo:rerun-if-changed={}", manifest.display());
+            files.push((
+                "package.json".into(),
+                manifest.to_string_lossy().into_owned(),
+            ));
+        }
         files.sort();
         out.push_str(&format!("pub const {constant}: &[(&str, &str)] = &[\n"));
         for (relative, path) in files {
@@ -38,13 +58,17 @@ fn embed_python_build_files() {
     std::fs::write(out_dir.join("python_build_files.rs"), out).expect("OUT_DIR is writable");
 }
 
-fn collect_files(root: &Path, dir: &Path, ext: &str, out: &mut Vec<(String, String)>) {
+fn collect_files(root: &Path, dir: &Path, exts: &[&str], out: &mut Vec<(String, String)>) {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for entry in entries {
         let path = entry.expect("a readable directory entry").path();
         if path.is_dir() {
-            collect_files(root, &path, ext, out);
-        } else if path.extension().is_some_and(|e| e == ext) {
+            collect_files(root, &path, exts, out);
+        } else if path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| exts.contains(&e))
+        {
             let relative = path.strip_prefix(root).expect("under root");
             out.push((
                 relative.to_string_lossy().into_owned(),

@@ -21,7 +21,7 @@ LAYERS = {
     ("tenants",): 3.5, ("shm",): 3.5,
     ("repository",): 4, ("functions",): 4, ("deploy",): 4,
     ("server",): 5, ("api",): 5,
-    ("protocol",): 6, ("cli",): 6, ("python_build",): 6, (): 6,
+    ("protocol",): 6, ("cli",): 6, ("guest_build",): 6, (): 6,
 }
 
 

@@ -18,3 +18,12 @@ if ! command -v cmake > /dev/null 2>&1 || ! ls /usr/lib/llvm-*/lib/libclang.so >
 fi
 scripts/setup-python.sh
 scripts/fetch_models.sh
+# JavaScript handlers build with componentize-qjs (pinned by guest-sdk-js/package-lock.json).
+if [ ! -x guest-sdk-js/node_modules/.bin/componentize-qjs ] \
+  || ! grep -q '"version": "0.4.5"' guest-sdk-js/node_modules/componentize-qjs/package.json; then
+  if command -v npm > /dev/null 2>&1; then
+    (cd guest-sdk-js && npm ci --no-audit --no-fund --loglevel=error > /dev/null)
+  else
+    echo "npm not found: JavaScript handlers cannot be built (install Node.js 20 or later)" >&2
+  fi
+fi

@@ -34,8 +34,9 @@ enum Command {
     /// (function.wasm and function.toml), to a running server without a restart: uploads it,
     /// waits until it serves, and prints where to call it.
     Deploy(DeployArgs),
-    /// Build a Triton Python model (config.pbtxt with backend "python", <version>/model.py) into
-    /// the Wasm component tessera serves, <version>/model.wasm, with componentize-py.
+    /// Build a Triton Python model (backend "python", <version>/model.py) or a JavaScript handler
+    /// (backend "wasm", <version>/model.js) into the Wasm component tessera serves,
+    /// <version>/model.wasm (componentize-py, componentize-qjs).
     Build(BuildArgs),
     /// List the models of a running server with their state.
     Models(ClientArgs),
@@ -138,9 +139,12 @@ struct DeployArgs {
 struct BuildArgs {
     /// The model directory: config.pbtxt and version folders holding model.py.
     dir: PathBuf,
-    /// componentize-py to build with [default: $COMPONENTIZE_PY, else on PATH].
+    /// componentize-py to build a model.py with [default: $COMPONENTIZE_PY, else on PATH].
     #[arg(long)]
     componentize_py: Option<PathBuf>,
+    /// componentize-qjs to build a model.js with [default: $COMPONENTIZE_QJS, else on PATH].
+    #[arg(long)]
+    componentize_qjs: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -518,7 +522,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tessera::cli::deploy(&args.client.server, &args.dir, args.name.as_deref()).await
         }
         Some(Command::Build(args)) => {
-            let built = tessera::python_build::build(&args.dir, args.componentize_py.as_deref())?;
+            let tools = tessera::guest_build::Tools {
+                componentize_py: args.componentize_py,
+                componentize_qjs: args.componentize_qjs,
+            };
+            let built = tessera::guest_build::build(&args.dir, &tools)?;
             for path in built {
                 println!("built {}", path.display());
             }

@@ -319,11 +319,18 @@ impl Backend for WasmBackend {
     ) -> BoxFuture<'a, Result<Vec<Box<dyn ModelInstance>>, LoadError>> {
         Box::pin(async move {
             let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
-            if ctx.config.backend == "python" && !path.exists() {
-                return Err(LoadError::runtime(format!(
-                    "backend 'python': {} has no model.wasm; build the model.py into one with `tessera build <model-dir>` (componentize-py)",
-                    ctx.version_dir.display()
-                )));
+            if !path.exists() {
+                // A Python or JavaScript source that was never built: say how.
+                let source = ["model.py", "model.js"]
+                    .into_iter()
+                    .find(|s| ctx.version_dir.join(s).is_file());
+                if let Some(source) = source {
+                    return Err(LoadError::runtime(format!(
+                        "backend '{}': {} has no model.wasm; build the {source} into one with `tessera build <model-dir>`",
+                        ctx.config.backend,
+                        ctx.version_dir.display()
+                    )));
+                }
             }
             let runtime = self.0.clone();
             let (name, version, config, inference, files) = (

@@ -1,0 +1,231 @@
+// @tessera/guest: Tessera handlers in JavaScript, over the WIT of `wit/tessera.wit`.
+//
+// A handler module exports `handler` (the WIT `handler` interface) made by `model({...})`:
+//
+//   import { model, asF32, fromF32, invalidInput } from "@tessera/guest";
+//   export const handler = model({
+//     executeRequest(request) { ... return { outputs: [...] }; },
+//   });
+//
+// `tessera build <model-dir>` makes the component (componentize-qjs, QuickJS, without the
+// component model's async ABI, which wasmtime 48 does not run). QuickJS has no TextEncoder or
+// TextDecoder: utf8Encode/utf8Decode here stand in for them.
+
+import inference from "tessera:inference/inference@0.1.0";
+import logImport from "tessera:inference/log@0.1.0";
+
+/** An error that becomes the request's KServe error: `kind` picks the status code. */
+export class HandlerError extends Error {
+  constructor(kind, message) {
+    super(message);
+    this.kind = kind;
+  }
+}
+
+export const invalidInput = (message) => new HandlerError("invalid-input", message);
+export const internal = (message) => new HandlerError("internal", message);
+export const modelNotFound = (message) => new HandlerError("model-not-found", message);
+
+const ERROR_KINDS = new Set([
+  "model-not-found", "model-not-ready", "invalid-input", "quota-exceeded", "timeout", "internal",
+]);
+
+function toWitError(e) {
+  if (e instanceof HandlerError && ERROR_KINDS.has(e.kind)) {
+    return { kind: e.kind, message: String(e.message) };
+  }
+  // A plain exception: its message, as an internal error (HTTP 500).
+  const message = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+  return { kind: "internal", message };
+}
+
+/**
+ * The handler export. `executeRequest(request, config)` answers one request (a thrown error
+ * fails that request only), or `execute(requests, config)` a whole batch (one result each).
+ * `initialize(config)` may throw to make the model UNAVAILABLE with the message.
+ */
+export function model({ initialize, execute, executeRequest, finalize }) {
+  let config = null;
+  return {
+    initialize(configJson) {
+      config = JSON.parse(configJson);
+      if (initialize) {
+        try {
+          initialize(config);
+        } catch (e) {
+          throw e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+        }
+      }
+    },
+    execute(requests) {
+      if (execute) {
+        let results;
+        try {
+          results = execute(requests, config);
+        } catch (e) {
+          const err = toWitError(e);
+          return requests.map(() => ({ tag: "err", val: err }));
+        }
+        if (!Array.isArray(results) || results.length !== requests.length) {
+          const err = { kind: "internal", message: "execute must return one result per request" };
+          return requests.map(() => ({ tag: "err", val: err }));
+        }
+        return results.map((r) => (r instanceof Error ? { tag: "err", val: toWitError(r) }
+          : { tag: "ok", val: response(r) }));
+      }
+      return requests.map((request) => {
+        try {
+          return { tag: "ok", val: response(executeRequest(request, config)) };
+        } catch (e) {
+          return { tag: "err", val: toWitError(e) };
+        }
+      });
+    },
+    finalize() {
+      if (finalize) finalize();
+    },
+  };
+}
+
+function response(r) {
+  return { outputs: r?.outputs ?? [], parameters: r?.parameters ?? [] };
+}
+
+// --- tensors ---------------------------------------------------------------------------------
+
+/** The named input of a request, or an invalid-input error naming it. */
+export function input(request, name) {
+  const t = request.inputs.find((i) => i.name === name);
+  if (!t) throw invalidInput(`input '${name}' is required`);
+  return t;
+}
+
+/** Whether the caller asked for `name` (all outputs when it named none). */
+export function wantsOutput(request, name) {
+  return request.requestedOutputs.length === 0 || request.requestedOutputs.includes(name);
+}
+
+const VIEWS = {
+  uint8: Uint8Array, int8: Int8Array, uint16: Uint16Array, int16: Int16Array,
+  uint32: Uint32Array, int32: Int32Array, uint64: BigUint64Array, int64: BigInt64Array,
+  fp32: Float32Array, fp64: Float64Array,
+};
+
+function raw(tensor, datatype) {
+  if (tensor.datatype !== datatype) {
+    throw invalidInput(`${tensor.name} is ${tensor.datatype.toUpperCase()}, expected ${datatype.toUpperCase()}`);
+  }
+  if (tensor.data.tag !== "raw") throw invalidInput(`${tensor.name} has no raw data`);
+  return tensor.data.val;
+}
+
+/** A typed array over a fixed-size tensor's little-endian bytes (a copy: aligned). */
+export function view(tensor, datatype) {
+  const Type = VIEWS[datatype];
+  if (!Type) throw internal(`no typed view for ${datatype}`);
+  const bytes = raw(tensor, datatype);
+  if (bytes.byteLength % Type.BYTES_PER_ELEMENT !== 0) {
+    throw invalidInput(`${tensor.name}: ${bytes.byteLength} bytes are not whole ${datatype} elements`);
+  }
+  return new Type(bytes.slice().buffer);
+}
+
+export const asF32 = (t) => view(t, "fp32");
+export const asF64 = (t) => view(t, "fp64");
+export const asI32 = (t) => view(t, "int32");
+export const asI64 = (t) => view(t, "int64");
+export const asU8 = (t) => view(t, "uint8");
+export const asBool = (t) => Array.from(raw(t, "bool"), (b) => b !== 0);
+
+/** A BYTES tensor's elements as strings (UTF-8; invalid bytes are an invalid-input error). */
+export function asStrings(tensor) {
+  if (tensor.datatype !== "bytes" || tensor.data.tag !== "elements") {
+    throw invalidInput(`${tensor.name} is ${tensor.datatype.toUpperCase()}, expected BYTES`);
+  }
+  return tensor.data.val.map((b) => utf8Decode(b, tensor.name));
+}
+
+/** A tensor of `datatype` from a typed array (or an array of numbers). */
+export function tensor(name, datatype, shape, values) {
+  const Type = VIEWS[datatype];
+  if (!Type) throw internal(`no typed array for ${datatype}`);
+  const typed = values instanceof Type ? values : Type.from(values);
+  checkCount(name, shape, typed.length);
+  return { name, datatype, shape: shape.map(Number), data: { tag: "raw", val: new Uint8Array(typed.buffer, typed.byteOffset, typed.byteLength) } };
+}
+
+export const fromF32 = (name, shape, values) => tensor(name, "fp32", shape, values);
+export const fromI32 = (name, shape, values) => tensor(name, "int32", shape, values);
+export const fromI64 = (name, shape, values) => tensor(name, "int64", shape, values);
+
+/** A BYTES tensor of UTF-8 strings. */
+export function fromStrings(name, shape, strings) {
+  checkCount(name, shape, strings.length);
+  return { name, datatype: "bytes", shape: shape.map(Number), data: { tag: "elements", val: strings.map(utf8Encode) } };
+}
+
+function checkCount(name, shape, count) {
+  const want = shape.reduce((n, d) => n * Number(d), 1);
+  if (want !== count) throw internal(`${name}: shape [${shape}] holds ${want} elements, got ${count}`);
+}
+
+// --- UTF-8 (QuickJS has no TextEncoder/TextDecoder) -------------------------------------------
+
+export function utf8Encode(text) {
+  const out = [];
+  for (const ch of text) {
+    const c = ch.codePointAt(0);
+    if (c < 0x80) out.push(c);
+    else if (c < 0x800) out.push(0xc0 | (c >> 6), 0x80 | (c & 63));
+    else if (c < 0x10000) out.push(0xe0 | (c >> 12), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
+    else out.push(0xf0 | (c >> 18), 0x80 | ((c >> 12) & 63), 0x80 | ((c >> 6) & 63), 0x80 | (c & 63));
+  }
+  return new Uint8Array(out);
+}
+
+export function utf8Decode(bytes, what = "text") {
+  let out = "";
+  for (let i = 0; i < bytes.length;) {
+    const b = bytes[i];
+    const n = b < 0x80 ? 1 : (b >> 5) === 6 ? 2 : (b >> 4) === 14 ? 3 : (b >> 3) === 30 ? 4 : 0;
+    if (n === 0 || i + n > bytes.length) throw invalidInput(`${what} is not valid UTF-8`);
+    let c = n === 1 ? b : b & (0xff >> (n + 1));
+    for (let k = 1; k < n; k++) {
+      const next = bytes[i + k];
+      if ((next >> 6) !== 2) throw invalidInput(`${what} is not valid UTF-8`);
+      c = (c << 6) | (next & 63);
+    }
+    const min = [0, 0, 0x80, 0x800, 0x10000][n];
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) {
+      throw invalidInput(`${what} is not valid UTF-8`);
+    }
+    out += String.fromCodePoint(c);
+    i += n;
+  }
+  return out;
+}
+
+// --- calling other models (BLS) and logging ------------------------------------------------------
+
+/**
+ * Runs `modelName` through the server's queue, as any request: the response, or a
+ * HandlerError with the callee's kind and message.
+ */
+export function infer(modelName, { inputs, requestedOutputs = [], parameters = [], id = "" }, version = null) {
+  try {
+    return inference.infer(modelName, version, { id, inputs, requestedOutputs, parameters });
+  } catch (e) {
+    const payload = e?.payload ?? e;
+    if (payload && typeof payload === "object" && "kind" in payload) {
+      throw new HandlerError(payload.kind, payload.message);
+    }
+    throw e;
+  }
+}
+
+export const log = {
+  debug: (message) => logImport.log("debug", String(message)),
+  info: (message) => logImport.log("info", String(message)),
+  warn: (message) => logImport.log("warn", String(message)),
+  error: (message) => logImport.log("error", String(message)),
+};

@@ -1,0 +1,424 @@
+//! `tessera build <model-dir>`: handlers written in Python or JavaScript become the Wasm
+//! components Tessera serves, `<version>/model.wasm` beside their source.
+//!
+//! - A Triton Python model (`config.pbtxt` with `backend: "python"`, `<version>/model.py` and
+//!   its local modules): componentize-py (pinned) packs the model's folder, the
+//!   `triton_python_backend_utils` shim and the handler adapter (`guest-sdk-python/src`).
+//! - A JavaScript handler (`backend: "wasm"`, `<version>/model.js`): componentize-qjs (pinned;
+//!   QuickJS, without the component model's async ABI) packs it with `@tessera/guest`
+//!   (`guest-sdk-js`).
+//!
+//! The SDKs and the WIT are carried in this binary. The config and the sources are left as
+//! they are; the component is written beside, then renamed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+include!(concat!(env!("OUT_DIR"), "/python_build_files.rs"));
+
+/// The componentize-py release the Python SDK is built and tested with.
+pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
+/// The componentize-qjs release the JavaScript SDK is built and tested with.
+pub const COMPONENTIZE_QJS_VERSION: &str = "0.4.5";
+
+/// Where the build tools are; `None`: `$COMPONENTIZE_PY` / `$COMPONENTIZE_QJS`, else `PATH`.
+#[derive(Debug, Default)]
+pub struct Tools {
+    pub componentize_py: Option<PathBuf>,
+    pub componentize_qjs: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Language {
+    Python,
+    JavaScript,
+}
+
+/// Builds every version of the model in `dir` that has a `model.py` or a `model.js`; returns
+/// the components written.
+pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
+    let config_path = dir.join("config.pbtxt");
+    let text = std::fs::read_to_string(&config_path)
+        .with_context(|| format!("cannot read {}", config_path.display()))?;
+    let config = tessera_core::config::parse(&text, &config_path.to_string_lossy())?;
+    let versions = source_versions(dir)?;
+    let Some((_, language)) = versions.first() else {
+        bail!(
+            "{} has no version folder with a model.py or a model.js (Triton's layout: {}/1/model.py)",
+            dir.display(),
+            dir.display()
+        );
+    };
+    let (language, backend) = (*language, config.backend.as_str());
+    match (language, backend) {
+        (Language::Python, "python") | (Language::JavaScript, "wasm") => {}
+        (Language::Python, _) => bail!(
+            "{}: a model.py is built for backend \"python\", and the backend is '{backend}'",
+            config_path.display()
+        ),
+        (Language::JavaScript, _) => bail!(
+            "{}: a model.js is a Wasm handler: the backend must be \"wasm\", not '{backend}'",
+            config_path.display()
+        ),
+    }
+    if versions.iter().any(|(_, l)| *l != language) {
+        bail!(
+            "{}: versions in two languages; one model is one language",
+            dir.display()
+        );
+    }
+    if config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
+    {
+        bail!(
+            "{}: decoupled handlers in Python or JavaScript are not built yet; write the handler in Rust (docs/writing-handlers.md)",
+            config_path.display()
+        );
+    }
+    let work = tempfile::Builder::new()
+        .prefix("tessera-build-")
+        .tempdir()
+        .context("cannot create a temporary folder")?;
+    let wit = work.path().join("wit");
+    write_files(&wit, WIT_FILES)?;
+    let mut built = Vec::new();
+    match language {
+        Language::Python => {
+            let tool = componentize_py(tools.componentize_py.as_deref())?;
+            let sdk = work.path().join("sdk");
+            write_files(&sdk, PYTHON_SDK_FILES)?;
+            for (version, _) in &versions {
+                built.push(build_python(&tool, &wit, &sdk, version)?);
+            }
+        }
+        Language::JavaScript => {
+            let tool = componentize_qjs(tools.componentize_qjs.as_deref())?;
+            for (version, _) in &versions {
+                built.push(build_js(&tool, &wit, work.path(), version)?);
+            }
+        }
+    }
+    Ok(built)
+}
+
+fn build_python(tool: &Path, wit: &Path, sdk: &Path, version: &Path) -> anyhow::Result<PathBuf> {
+    let partial = version.join(".model.wasm.partial");
+    // componentize-py compiles the model's modules in place, whatever PYTHONDONTWRITEBYTECODE
+    // says; a __pycache__ that was not there before is removed afterwards.
+    let pycache = version.join("__pycache__");
+    let had_pycache = pycache.exists();
+    let run = Command::new(tool)
+        .arg("-d")
+        .arg(wit)
+        .args(["-w", "model", "componentize", "-p"])
+        .arg(sdk)
+        .arg("-p")
+        .arg(version)
+        .arg("tessera_triton_app")
+        .arg("-o")
+        .arg(&partial)
+        .output()
+        .with_context(|| format!("cannot run {}", tool.display()))?;
+    if !had_pycache {
+        let _ = std::fs::remove_dir_all(&pycache);
+    }
+    finish(run, &partial, &version.join("model.py"), "componentize-py")
+}
+
+/// componentize-qjs resolves `@tessera/guest` under its module root: a scratch folder holding
+/// the SDK as `node_modules/@tessera/guest` and a copy of the version folder's files.
+fn build_js(tool: &Path, wit: &Path, work: &Path, version: &Path) -> anyhow::Result<PathBuf> {
+    let root = work.join(format!(
+        "js-{}",
+        version.file_name().and_then(|n| n.to_str()).unwrap_or("v")
+    ));
+    write_files(&root.join("node_modules/@tessera/guest"), JS_SDK_FILES)?;
+    let model = root.join("model");
+    copy_sources(version, &model)?;
+    let partial = version.join(".model.wasm.partial");
+    let run = Command::new(tool)
+        .arg("--wit")
+        .arg(wit)
+        .args(["--world", "model", "--sync", "--js"])
+        .arg(model.join("model.js"))
+        .arg("--module-root")
+        .arg(&root)
+        .arg("-o")
+        .arg(&partial)
+        .output()
+        .with_context(|| format!("cannot run {}", tool.display()))?;
+    finish(run, &partial, &version.join("model.js"), "componentize-qjs")
+}
+
+/// The version folder's files but the components, for the JS build's module root.
+fn copy_sources(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("cannot create {}", to.display()))?;
+    for entry in
+        std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))?
+    {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name();
+        if path.is_dir() {
+            copy_sources(&path, &to.join(&name))?;
+        } else if !name.to_string_lossy().ends_with(".wasm")
+            && !name.to_string_lossy().ends_with(".partial")
+        {
+            std::fs::copy(&path, to.join(&name))
+                .with_context(|| format!("cannot copy {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The component in place, or the tool's complaint with the likely fix.
+fn finish(
+    run: std::process::Output,
+    partial: &Path,
+    source: &Path,
+    tool: &str,
+) -> anyhow::Result<PathBuf> {
+    if !run.status.success() {
+        let _ = std::fs::remove_file(partial);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        bail!(
+            "{tool} could not build {}:\n{}{}",
+            source.display(),
+            tail(&format!("{stdout}{stderr}"), 40),
+            hint(&stderr)
+        );
+    }
+    let output = partial.with_file_name("model.wasm");
+    std::fs::rename(partial, &output)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    Ok(output)
+}
+
+/// The numbered folders of `dir` that hold a `model.py` or a `model.js`, in version order.
+fn source_versions(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Language)>> {
+    let mut versions = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let entry = entry?;
+        let Some(n) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let language = match (
+            path.join("model.py").is_file(),
+            path.join("model.js").is_file(),
+        ) {
+            (true, true) => bail!("{} holds both a model.py and a model.js", path.display()),
+            (true, false) => Language::Python,
+            (false, true) => Language::JavaScript,
+            (false, false) => continue,
+        };
+        versions.push((n, path, language));
+    }
+    versions.sort_by_key(|(n, _, _)| *n);
+    Ok(versions.into_iter().map(|(_, p, l)| (p, l)).collect())
+}
+
+/// componentize-py at the pinned version, or an error that says how to install it.
+fn componentize_py(tool: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let tool = tool
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("COMPONENTIZE_PY").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("componentize-py"));
+    let install = format!("pip install componentize-py=={COMPONENTIZE_PY_VERSION}");
+    let out = match Command::new(&tool).arg("--version").output() {
+        Ok(out) => out,
+        Err(e) => bail!(
+            "componentize-py is needed to build Python models and {} cannot be run ({e}): `{install}` (or name it with --componentize-py or $COMPONENTIZE_PY)",
+            tool.display()
+        ),
+    };
+    let version = String::from_utf8_lossy(&out.stdout);
+    if !version
+        .split_whitespace()
+        .any(|w| w == COMPONENTIZE_PY_VERSION)
+    {
+        bail!(
+            "{} is '{}', and tessera build is pinned to componentize-py {COMPONENTIZE_PY_VERSION}: `{install}`",
+            tool.display(),
+            version.trim()
+        );
+    }
+    Ok(tool)
+}
+
+/// componentize-qjs at the pinned version (read from its npm package), or how to install it.
+fn componentize_qjs(tool: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let tool = tool
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("COMPONENTIZE_QJS").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("componentize-qjs"));
+    let install = format!(
+        "`npm ci` in guest-sdk-js (or `npm install componentize-qjs@{COMPONENTIZE_QJS_VERSION}`) and pass --componentize-qjs guest-sdk-js/node_modules/.bin/componentize-qjs"
+    );
+    let resolved = if tool.components().count() > 1 {
+        std::fs::canonicalize(&tool).ok()
+    } else {
+        which(&tool).and_then(|p| std::fs::canonicalize(p).ok())
+    };
+    let Some(resolved) = resolved else {
+        bail!(
+            "componentize-qjs is needed to build JavaScript handlers and {} was not found: {install}",
+            tool.display()
+        );
+    };
+    // npm's layout: node_modules/componentize-qjs/bin/componentize-qjs beside its package.json.
+    let manifest = resolved
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("package.json"));
+    let version = manifest
+        .and_then(|m| std::fs::read_to_string(m).ok())
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|v| v.get("version")?.as_str().map(str::to_owned));
+    match version.as_deref() {
+        Some(COMPONENTIZE_QJS_VERSION) => Ok(tool),
+        Some(other) => bail!(
+            "{} is componentize-qjs {other}, and tessera build is pinned to {COMPONENTIZE_QJS_VERSION}: {install}",
+            tool.display()
+        ),
+        None => bail!(
+            "cannot tell which componentize-qjs {} is (no npm package.json beside it): {install}",
+            tool.display()
+        ),
+    }
+}
+
+/// The first `name` on PATH.
+fn which(name: &Path) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn write_files(dir: &Path, files: &[(&str, &str)]) -> anyhow::Result<()> {
+    for (relative, text) in files {
+        let path = dir.join(relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The likely fix for what componentize-py reported.
+fn hint(stderr: &str) -> String {
+    if let Some(module) = stderr
+        .split("No module named '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+    {
+        let why = if module == "numpy" || module.starts_with("numpy.") {
+            "numpy has no WebAssembly build: the sandbox's tensors are tessera_ndarray arrays (docs/writing-handlers-python.md lists what they do); remove the import".to_owned()
+        } else {
+            format!(
+                "put {module}.py (pure Python) next to model.py; packages with native code have no WebAssembly build"
+            )
+        };
+        return format!("\n\nthe model imports '{module}', which the sandbox does not have: {why}");
+    }
+    String::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_carries_the_wit_and_the_sdk() {
+        assert!(
+            WIT_FILES
+                .iter()
+                .any(|(p, t)| *p == "tessera.wit" && t.contains("world model"))
+        );
+        for module in [
+            "triton_python_backend_utils.py",
+            "tessera_triton_app.py",
+            "tessera_wire.py",
+            "tessera_ndarray.py",
+        ] {
+            assert!(
+                PYTHON_SDK_FILES.iter().any(|(p, _)| *p == module),
+                "{module}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_build_with_the_reason() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path();
+        let config = |backend: &str| {
+            std::fs::write(
+                model.join("config.pbtxt"),
+                format!("name: \"m\"\nbackend: \"{backend}\"\n"),
+            )
+            .unwrap()
+        };
+        config("wasm");
+        let none = Tools::default();
+        let e = build(model, &none).expect_err("no sources").to_string();
+        assert!(
+            e.contains("no version folder with a model.py or a model.js"),
+            "{e}"
+        );
+        std::fs::create_dir(model.join("1")).unwrap();
+        std::fs::write(model.join("1/model.py"), "").unwrap();
+        let e = build(model, &none)
+            .expect_err("python, backend wasm")
+            .to_string();
+        assert!(e.contains("for backend \"python\""), "{e}");
+        config("python");
+        let tools = Tools {
+            componentize_py: Some(model.join("no-such-componentize-py")),
+            componentize_qjs: Some(model.join("no-such-componentize-qjs")),
+        };
+        let e = build(model, &tools).expect_err("no tool").to_string();
+        assert!(e.contains("pip install componentize-py==0.25.1"), "{e}");
+        std::fs::write(model.join("1/model.js"), "").unwrap();
+        let e = build(model, &tools).expect_err("two languages").to_string();
+        assert!(e.contains("both a model.py and a model.js"), "{e}");
+        std::fs::remove_file(model.join("1/model.py")).unwrap();
+        let e = build(model, &tools)
+            .expect_err("js, backend python")
+            .to_string();
+        assert!(e.contains("must be \"wasm\""), "{e}");
+        config("wasm");
+        let e = build(model, &tools).expect_err("no qjs").to_string();
+        assert!(e.contains("npm ci"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_module_is_named_with_the_fix() {
+        let h = hint("ModuleNotFoundError: No module named 'numpy'\n");
+        assert!(
+            h.contains("'numpy'") && h.contains("tessera_ndarray"),
+            "{h}"
+        );
+        let h = hint("ModuleNotFoundError: No module named 'helpers'\n");
+        assert!(h.contains("helpers.py"), "{h}");
+        assert!(hint("some other failure").is_empty());
+    }
+}

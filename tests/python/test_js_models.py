@@ -1,0 +1,169 @@
+"""JavaScript handlers (model.js with @tessera/guest), built by `tessera build` with
+componentize-qjs (QuickJS) and served by the real binary: answers through tritonclient HTTP and
+gRPC, BLS from JavaScript to an ONNX model and a Rust handler, errors with their status codes,
+and the sandbox's limits holding for a misbehaving model.js as for Rust guests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import REPO_ROOT, binary, launch, stop
+
+COMPONENTIZE_QJS = REPO_ROOT / "guest-sdk-js" / "node_modules" / ".bin" / "componentize-qjs"
+
+PROBE = """
+import { asStrings, fromStrings, input, model, utf8Decode, utf8Encode } from "@tessera/guest";
+
+export const handler = model({
+  executeRequest(request) {
+    const [mode] = asStrings(input(request, "MODE"));
+    if (mode === "loop") { for (;;) {} }
+    if (mode === "memory") { const hoard = []; for (;;) hoard.push(new Uint8Array(16 << 20)); }
+    if (mode === "throw") { throw new TypeError("thrown on purpose"); }
+    if (mode === "fetch") { return { outputs: [fromStrings("OUT", [1], [typeof fetch])] }; }
+    // UTF-8 both ways, without TextEncoder (QuickJS has none).
+    const echoed = utf8Decode(utf8Encode(mode));
+    return { outputs: [fromStrings("OUT", [1], [`ok:${echoed}`])] };
+  },
+});
+"""
+PROBE_CONFIG = """
+name: "js_probe"
+backend: "wasm"
+max_batch_size: 0
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+parameters: { key: "execute_deadline_ms" value: { string_value: "2000" } }
+parameters: { key: "max_memory_bytes" value: { string_value: "134217728" } }
+"""
+RUST_CONFIG = """
+name: "add_sub_rust"
+backend: "wasm"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary()), "build", str(model_dir),
+                           "--componentize-qjs", str(COMPONENTIZE_QJS)],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def js_server():
+    if not COMPONENTIZE_QJS.exists():
+        pytest.fail(f"{COMPONENTIZE_QJS} missing: run scripts/prepare.sh (npm ci in guest-sdk-js)",
+                    pytrace=False)
+    work = Path(tempfile.mkdtemp(prefix="tessera-js-models-"))
+    repo = work / "repository"
+    repo.mkdir()
+    for name in ("add_sub_js", "bls_js"):
+        shutil.copytree(REPO_ROOT / "examples" / "js" / name, repo / name,
+                        ignore=shutil.ignore_patterns("model.wasm"))
+    shutil.copytree(REPO_ROOT / "examples" / "triton-python" / "repository" / "pytorch",
+                    repo / "pytorch")
+    (repo / "add_sub_rust" / "1").mkdir(parents=True)
+    (repo / "add_sub_rust" / "config.pbtxt").write_text(RUST_CONFIG)
+    shutil.copy(REPO_ROOT / "model_repository" / "add_sub_wasm" / "1" / "model.wasm",
+                repo / "add_sub_rust" / "1" / "model.wasm")
+    (repo / "js_probe" / "1").mkdir(parents=True)
+    (repo / "js_probe" / "config.pbtxt").write_text(PROBE_CONFIG)
+    (repo / "js_probe" / "1" / "model.js").write_text(PROBE)
+    for model in ("add_sub_js", "bls_js", "js_probe"):
+        built = tessera_build(repo / model)
+        assert built.returncode == 0, built.stdout + built.stderr
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo)], ready_timeout=120)
+    ok = False
+    try:
+        yield srv
+        ok = True
+    finally:
+        stop(proc, log, keep=not ok)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _inputs(module, a, b, model_name=None):
+    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    if model_name is not None:
+        name = module.InferInput("MODEL_NAME", [1], "BYTES")
+        name.set_data_from_numpy(np.array([model_name.encode()], dtype=np.object_))
+        inputs.append(name)
+    return inputs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_add_sub_in_javascript(js_server, protocol):
+    rng = np.random.default_rng(11)
+    a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
+    if protocol == "http":
+        module, client = httpclient, httpclient.InferenceServerClient(js_server.url)
+    else:
+        module = grpcclient
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{js_server.grpc_port}")
+    result = client.infer("add_sub_js", _inputs(module, a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    only = client.infer("add_sub_js", _inputs(module, a, b),
+                        outputs=[module.InferRequestedOutput("OUTPUT1")])
+    assert only.as_numpy("OUTPUT0") is None
+    np.testing.assert_array_equal(only.as_numpy("OUTPUT1"), a - b)
+
+
+@pytest.mark.parametrize("callee", ["pytorch", "add_sub_rust", "add_sub_js"])
+def test_bls_in_javascript_reaches_onnx_rust_and_javascript(js_server, callee):
+    client = httpclient.InferenceServerClient(js_server.url)
+    a = np.array([1.5, -2.0, 3.25, 0.0], dtype=np.float32)
+    b = np.array([0.5, 4.0, -1.25, 7.0], dtype=np.float32)
+    result = client.infer("bls_js", _inputs(httpclient, a, b, callee))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_bls_in_javascript_passes_the_callee_error_on(js_server):
+    client = httpclient.InferenceServerClient(js_server.url)
+    a = np.ones(4, dtype=np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("bls_js", _inputs(httpclient, a, a, "no_such_model"))
+    assert e.value.status() == "404" and "no_such_model" in e.value.message()
+
+
+def _probe(srv, mode: str):
+    client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
+    inp = httpclient.InferInput("MODE", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    return client.infer("js_probe", [inp]).as_numpy("OUT")[0]
+
+
+def test_javascript_strings_round_trip_utf8(js_server):
+    assert _probe(js_server, "héllo 世界 🚀").decode() == "ok:héllo 世界 🚀"
+
+
+def test_javascript_has_no_network(js_server):
+    # Built without wasi:http (a handler cannot import it): no fetch in the sandbox.
+    assert _probe(js_server, "fetch") == b"undefined"
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("loop", "deadline"),
+    ("memory", "out of memory"),  # QuickJS's InternalError: the linear memory is capped
+    ("throw", "typeerror: thrown on purpose"),
+])
+def test_the_sandbox_contains_a_misbehaving_model_js(js_server, mode, expected):
+    with pytest.raises(InferenceServerException) as e:
+        _probe(js_server, mode)
+    assert expected in e.value.message().lower(), e.value.message()
+    assert _probe(js_server, "again") == b"ok:again"
