@@ -11,7 +11,6 @@ in the sandbox, where numpy has no WebAssembly build, it gives `tessera_ndarray`
 
 from __future__ import annotations
 
-import asyncio
 import json
 import struct
 
@@ -431,4 +430,4 @@ def using_decoupled_model_transaction_policy(model_config) -> bool:
 
 
 # Triton's own module exposes these too; some model.py files use them through pb_utils.
-__all__ = [name for name in dir() if not name.startswith("_") and name not in ("asyncio",)]
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -274,3 +274,49 @@ def in_threads(run, count: int) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+# --- shared by the Python and JavaScript handler tests ----------------------------------------
+
+# Triton's add_sub contract (FP32 [4]) served by the Rust example handler.
+_ADD_SUB_RUST_CONFIG = """
+name: "add_sub_rust"
+backend: "wasm"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+
+
+def add_rust_add_sub(repo: Path) -> None:
+    """Puts `add_sub_rust` (the Rust example handler at the FP32 [4] contract) into `repo`."""
+    (repo / "add_sub_rust" / "1").mkdir(parents=True)
+    (repo / "add_sub_rust" / "config.pbtxt").write_text(_ADD_SUB_RUST_CONFIG)
+    shutil.copy(MODEL_REPOSITORY / "add_sub_wasm" / "1" / "model.wasm",
+                repo / "add_sub_rust" / "1" / "model.wasm")
+
+
+def add_sub_inputs(module, a, b, model_name: str | None = None):
+    """INPUT0, INPUT1 (FP32 [4]) and, for the BLS models, MODEL_NAME, for tritonclient's
+    `module` (http or grpc)."""
+    import numpy as np
+
+    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    if model_name is not None:
+        name = module.InferInput("MODEL_NAME", [1], "BYTES")
+        name.set_data_from_numpy(np.array([model_name.encode()], dtype=np.object_))
+        inputs.append(name)
+    return inputs
+
+
+def probe(srv: "Server", model: str, mode: str) -> bytes:
+    """Sends MODE to a sandbox probe model; returns its OUT."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
+    inp = httpclient.InferInput("MODE", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+    return client.infer(model, [inp]).as_numpy("OUT")[0]

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPO_ROOT, binary, launch, stop
+from conftest import REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, probe, stop
 
 COMPONENTIZE_QJS = REPO_ROOT / "guest-sdk-js" / "node_modules" / ".bin" / "componentize-qjs"
 
@@ -46,15 +46,6 @@ output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 parameters: { key: "execute_deadline_ms" value: { string_value: "2000" } }
 parameters: { key: "max_memory_bytes" value: { string_value: "134217728" } }
 """
-RUST_CONFIG = """
-name: "add_sub_rust"
-backend: "wasm"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
-
-
 def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(binary()), "build", str(model_dir),
                            "--componentize-qjs", str(COMPONENTIZE_QJS)],
@@ -74,10 +65,7 @@ def js_server():
                         ignore=shutil.ignore_patterns("model.wasm"))
     shutil.copytree(REPO_ROOT / "examples" / "triton-python" / "repository" / "pytorch",
                     repo / "pytorch")
-    (repo / "add_sub_rust" / "1").mkdir(parents=True)
-    (repo / "add_sub_rust" / "config.pbtxt").write_text(RUST_CONFIG)
-    shutil.copy(REPO_ROOT / "model_repository" / "add_sub_wasm" / "1" / "model.wasm",
-                repo / "add_sub_rust" / "1" / "model.wasm")
+    add_rust_add_sub(repo)
     (repo / "js_probe" / "1").mkdir(parents=True)
     (repo / "js_probe" / "config.pbtxt").write_text(PROBE_CONFIG)
     (repo / "js_probe" / "1" / "model.js").write_text(PROBE)
@@ -94,17 +82,6 @@ def js_server():
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _inputs(module, a, b, model_name=None):
-    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    if model_name is not None:
-        name = module.InferInput("MODEL_NAME", [1], "BYTES")
-        name.set_data_from_numpy(np.array([model_name.encode()], dtype=np.object_))
-        inputs.append(name)
-    return inputs
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_add_sub_in_javascript(js_server, protocol):
     rng = np.random.default_rng(11)
@@ -114,10 +91,10 @@ def test_add_sub_in_javascript(js_server, protocol):
     else:
         module = grpcclient
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{js_server.grpc_port}")
-    result = client.infer("add_sub_js", _inputs(module, a, b))
+    result = client.infer("add_sub_js", add_sub_inputs(module, a, b))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    only = client.infer("add_sub_js", _inputs(module, a, b),
+    only = client.infer("add_sub_js", add_sub_inputs(module, a, b),
                         outputs=[module.InferRequestedOutput("OUTPUT1")])
     assert only.as_numpy("OUTPUT0") is None
     np.testing.assert_array_equal(only.as_numpy("OUTPUT1"), a - b)
@@ -128,7 +105,7 @@ def test_bls_in_javascript_reaches_onnx_rust_and_javascript(js_server, callee):
     client = httpclient.InferenceServerClient(js_server.url)
     a = np.array([1.5, -2.0, 3.25, 0.0], dtype=np.float32)
     b = np.array([0.5, 4.0, -1.25, 7.0], dtype=np.float32)
-    result = client.infer("bls_js", _inputs(httpclient, a, b, callee))
+    result = client.infer("bls_js", add_sub_inputs(httpclient, a, b, callee))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -137,15 +114,12 @@ def test_bls_in_javascript_passes_the_callee_error_on(js_server):
     client = httpclient.InferenceServerClient(js_server.url)
     a = np.ones(4, dtype=np.float32)
     with pytest.raises(InferenceServerException) as e:
-        client.infer("bls_js", _inputs(httpclient, a, a, "no_such_model"))
+        client.infer("bls_js", add_sub_inputs(httpclient, a, a, "no_such_model"))
     assert e.value.status() == "404" and "no_such_model" in e.value.message()
 
 
 def _probe(srv, mode: str):
-    client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
-    inp = httpclient.InferInput("MODE", [1], "BYTES")
-    inp.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
-    return client.infer("js_probe", [inp]).as_numpy("OUT")[0]
+    return probe(srv, "js_probe", mode)
 
 
 def test_javascript_strings_round_trip_utf8(js_server):

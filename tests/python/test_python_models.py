@@ -24,7 +24,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPO_ROOT, binary, launch, stop
+from conftest import REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, probe, stop
 
 EXAMPLES = REPO_ROOT / "examples" / "triton-python"
 COMPONENTIZE_PY = REPO_ROOT / ".venv" / "bin" / "componentize-py"
@@ -80,22 +80,6 @@ parameters: { key: "execute_deadline_ms" value: { string_value: "2000" } }
 parameters: { key: "max_memory_bytes" value: { string_value: "134217728" } }
 '''
 
-# Triton's add_sub contract (FP32 [4]) served by the Rust example handler.
-RUST_CONFIG = '''
-name: "add_sub_rust"
-backend: "wasm"
-max_batch_size: 0
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-'''
-
-
 def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(binary()), "build", str(model_dir),
                            "--componentize-py", str(COMPONENTIZE_PY)],
@@ -113,10 +97,7 @@ def python_server():
     (repo / "sandbox_probe" / "1").mkdir(parents=True)
     (repo / "sandbox_probe" / "config.pbtxt").write_text(PROBE_CONFIG)
     (repo / "sandbox_probe" / "1" / "model.py").write_text(PROBE)
-    rust = REPO_ROOT / "model_repository" / "add_sub_wasm" / "1" / "model.wasm"
-    (repo / "add_sub_rust" / "1").mkdir(parents=True)
-    (repo / "add_sub_rust" / "config.pbtxt").write_text(RUST_CONFIG)
-    shutil.copy(rust, repo / "add_sub_rust" / "1" / "model.wasm")
+    add_rust_add_sub(repo)
     # A Python model nobody built: refused at load, naming the command that builds it.
     shutil.copytree(repo / "add_sub", repo / "unbuilt")
     config = (repo / "unbuilt" / "config.pbtxt").read_text()
@@ -146,17 +127,6 @@ def test_the_triton_files_are_upstream_byte_for_byte():
         assert hashlib.sha256((EXAMPLES / relative).read_bytes()).hexdigest() == digest, relative
 
 
-def _add_sub_inputs(module, a, b, model_name=None):
-    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    if model_name is not None:
-        name = module.InferInput("MODEL_NAME", [1], "BYTES")
-        name.set_data_from_numpy(np.array([model_name], dtype=np.object_))
-        inputs.append(name)
-    return inputs
-
-
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_add_sub_model_py_answers_through_tritonclient(python_server, protocol):
     rng = np.random.default_rng(7)
@@ -166,7 +136,7 @@ def test_add_sub_model_py_answers_through_tritonclient(python_server, protocol):
     else:
         module = grpcclient
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
-    result = client.infer("add_sub", _add_sub_inputs(module, a, b))
+    result = client.infer("add_sub", add_sub_inputs(module, a, b))
     assert result.as_numpy("OUTPUT0").dtype == np.float32
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
@@ -180,7 +150,7 @@ def test_bls_sync_model_py_reaches_python_onnx_and_rust(python_server, callee):
     client = httpclient.InferenceServerClient(python_server.url)
     a = np.array([1.5, -2.0, 3.25, 0.0], dtype=np.float32)
     b = np.array([0.5, 4.0, -1.25, 7.0], dtype=np.float32)
-    result = client.infer("bls_sync", _add_sub_inputs(httpclient, a, b, callee))
+    result = client.infer("bls_sync", add_sub_inputs(httpclient, a, b, callee))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -189,7 +159,7 @@ def test_bls_sync_names_the_callee_error(python_server):
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
     a = np.ones(4, dtype=np.float32)
     with pytest.raises(InferenceServerException) as e:
-        client.infer("bls_sync", _add_sub_inputs(grpcclient, a, a, "no_such_model"))
+        client.infer("bls_sync", add_sub_inputs(grpcclient, a, a, "no_such_model"))
     assert "no_such_model" in e.value.message()
 
 
@@ -197,7 +167,7 @@ def test_bls_async_model_py_gathers_two_models(python_server):
     client = httpclient.InferenceServerClient(python_server.url)
     a = np.array([1, 2, 3, 4], dtype=np.float32)
     b = np.array([10, 20, 30, 40], dtype=np.float32)
-    result = client.infer("bls_async", _add_sub_inputs(httpclient, a, b))
+    result = client.infer("bls_async", add_sub_inputs(httpclient, a, b))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)  # from "pytorch"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)  # from "add_sub"
 
@@ -217,10 +187,7 @@ def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
 
 
 def _probe(srv, mode: str):
-    client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
-    inp = httpclient.InferInput("MODE", [1], "BYTES")
-    inp.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
-    return client.infer("sandbox_probe", [inp]).as_numpy("OUT")[0]
+    return probe(srv, "sandbox_probe", mode)
 
 
 @pytest.mark.parametrize("mode,expected", [
@@ -238,7 +205,7 @@ def test_the_sandbox_contains_a_misbehaving_model_py(python_server, mode, expect
     assert _probe(python_server, "again") == b"ok:again"
     client = httpclient.InferenceServerClient(python_server.url)
     a = np.ones(4, dtype=np.float32)
-    result = client.infer("add_sub", _add_sub_inputs(httpclient, a, a))
+    result = client.infer("add_sub", add_sub_inputs(httpclient, a, a))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
 
 
@@ -260,5 +227,5 @@ def test_a_python_model_deploys_to_the_running_server(python_server, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     client = httpclient.InferenceServerClient(python_server.url)
     a = np.array([3, 1, 4, 1], dtype=np.float32)
-    result = client.infer("add_sub_deployed", _add_sub_inputs(httpclient, a, a))
+    result = client.infer("add_sub_deployed", add_sub_inputs(httpclient, a, a))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros(4, dtype=np.float32))
