@@ -16,6 +16,9 @@ import itertools
 import math
 import struct
 
+# Marks the stand-in, for code that must tell it from real numpy.
+__tessera_stand_in__ = True
+
 __all__ = [
     "NotInSandbox", "dtype", "ndarray", "array", "zeros", "ones", "full", "result_type",
     "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -31,6 +34,10 @@ class NotInSandbox(NotImplementedError):
             f"{what} is not available in Tessera's Python sandbox (numpy has no WebAssembly "
             "build; tensors are tessera_ndarray arrays: see docs/writing-handlers-python.md "
             "for what they support)")
+
+
+class MissingAttribute(NotInSandbox, AttributeError):
+    """A numpy attribute the stand-in lacks: `hasattr` says False, as for any missing one."""
 
 
 class dtype:
@@ -405,7 +412,7 @@ class ndarray:
         return bool(self._data[0])
 
     def __getattr__(self, name):
-        raise NotInSandbox(f"ndarray.{name}")
+        raise MissingAttribute(f"ndarray.{name}")
 
     # --- shape ------------------------------------------------------------------------------
     def reshape(self, *shape):
@@ -632,54 +639,105 @@ class ndarray:
         return ndarray._of([_wrap_int(abs(v), self.dtype) for v in self._data], self.shape,
                            self.dtype)
 
-    # --- reductions (over the whole array) --------------------------------------------------
-    def _whole(self, axis, what):
-        if axis is not None:
-            raise NotInSandbox(f"{what}(axis=...)")
+    # --- reductions -------------------------------------------------------------------------
+    def _groups(self, axis):
+        """The values along `axis`, one list per position of the other axes (row-major), and
+        the shape those positions make."""
+        if not isinstance(axis, int) or isinstance(axis, bool):
+            raise NotInSandbox(f"axis={axis!r} (one integer axis or None)")
+        if not -self.ndim <= axis < self.ndim:
+            raise ValueError(f"axis {axis} is out of bounds for array of dimension {self.ndim}")
+        axis %= self.ndim
+        outer, n, inner = _size(self.shape[:axis]), self.shape[axis], _size(self.shape[axis + 1:])
+        data = self._data
+        groups = [[data[o * n * inner + k * inner + i] for k in range(n)]
+                  for o in range(outer) for i in range(inner)]
+        return groups, self.shape[:axis] + self.shape[axis + 1:], axis
+
+    def _reduce(self, axis, keepdims, what, fn, out_dtype, empty_ok=False):
         if self.dtype.kind == "O":
             raise NotInSandbox(f"{what}() of an object array")
-        if not self._data and what not in ("sum", "any", "all"):
+        if axis is None:
+            if not self._data and not empty_ok:
+                raise ValueError(f"zero-size array to reduction operation {what} which has no "
+                                 "identity")
+            value = fn(self._data)
+            if keepdims:
+                return ndarray._of([value], (1,) * self.ndim, out_dtype)
+            return value
+        groups, shape, axis = self._groups(axis)
+        if self.shape[axis] == 0 and not empty_ok:
             raise ValueError(f"zero-size array to reduction operation {what} which has no identity")
+        if keepdims:
+            shape = shape[:axis] + (1,) + shape[axis:]
+        return ndarray._of([fn(g) for g in groups], shape, out_dtype)
 
-    def sum(self, axis=None):
-        self._whole(axis, "sum")
-        d = self.dtype
-        if d.kind == "f":
-            # numpy sums floats pairwise in blocks; the stand-in adds exactly and rounds once,
-            # which can differ from numpy in the last bit of a float32 sum.
-            return _round_float(math.fsum(self._data), d)
+    def _sum_dtype(self):
         # numpy accumulates small integers in the platform's 64-bit types.
-        out = uint64 if d.kind == "u" else int64
-        return _wrap_int(sum(int(v) for v in self._data), out)
+        d = self.dtype
+        return d if d.kind == "f" else uint64 if d.kind == "u" else int64
 
-    def max(self, axis=None):
-        self._whole(axis, "max")
-        return float("nan") if any(v != v for v in self._data) else max(self._data)
+    def sum(self, axis=None, keepdims=False):
+        out = self._sum_dtype()
+        if out.kind == "f":
+            # numpy sums floats pairwise in blocks; this adds exactly and rounds once, which
+            # can differ from numpy in the last bit of a float32 sum.
+            fn = lambda g: _round_float(math.fsum(g), out)  # noqa: E731
+        else:
+            fn = lambda g: _wrap_int(sum(int(v) for v in g), out)  # noqa: E731
+        return self._reduce(axis, keepdims, "sum", fn, out, empty_ok=True)
 
-    def min(self, axis=None):
-        self._whole(axis, "min")
-        return float("nan") if any(v != v for v in self._data) else min(self._data)
+    def max(self, axis=None, keepdims=False):
+        return self._reduce(axis, keepdims, "max", _nan_or(max), self.dtype)
 
-    def argmax(self, axis=None):
-        self._whole(axis, "argmax")
-        return max(range(self.size), key=lambda i: (self._data[i], -i))
+    def min(self, axis=None, keepdims=False):
+        return self._reduce(axis, keepdims, "min", _nan_or(min), self.dtype)
 
-    def argmin(self, axis=None):
-        self._whole(axis, "argmin")
-        return min(range(self.size), key=lambda i: (self._data[i], i))
+    def argmax(self, axis=None, keepdims=False):
+        return self._reduce(axis, keepdims, "argmax", _arg(max, lambda i: -i), int64)
 
-    def mean(self, axis=None):
-        self._whole(axis, "mean")
+    def argmin(self, axis=None, keepdims=False):
+        return self._reduce(axis, keepdims, "argmin", _arg(min, lambda i: i), int64)
+
+    def mean(self, axis=None, keepdims=False):
         out = self.dtype if self.dtype.kind == "f" else float64
-        return _round_float(math.fsum(self._data) / self.size, out) if self._data else math.nan
+        return self._reduce(axis, keepdims, "mean",
+                            lambda g: _round_float(math.fsum(g) / len(g), out) if g else math.nan,
+                            out, empty_ok=True)
 
-    def any(self, axis=None):
-        self._whole(axis, "any")
-        return any(self._data)
+    def any(self, axis=None, keepdims=False):
+        return self._reduce(axis, keepdims, "any", lambda g: any(g), bool_, empty_ok=True)
 
-    def all(self, axis=None):
-        self._whole(axis, "all")
-        return all(self._data)
+    def all(self, axis=None, keepdims=False):
+        return self._reduce(axis, keepdims, "all", lambda g: all(g), bool_, empty_ok=True)
+
+    def argsort(self, axis=-1):
+        """Ascending, stable (numpy's default quicksort may order equal values differently);
+        NaN last, as numpy."""
+        if self.dtype.kind == "O":
+            raise NotInSandbox("argsort() of an object array")
+        if axis is None:
+            return self.flatten().argsort()
+        groups, shape, axis = self._groups(axis)
+        if axis != self.ndim - 1:
+            raise NotInSandbox("argsort along an axis but the last")
+        key = lambda g: (lambda i: (g[i] != g[i], g[i] if g[i] == g[i] else 0))  # noqa: E731
+        data = [i for g in groups for i in sorted(range(len(g)), key=key(g))]
+        return ndarray._of(data, self.shape, int64)
+
+
+def _nan_or(fn):
+    return lambda g: math.nan if any(v != v for v in g) else fn(g)
+
+
+def _arg(fn, tie):
+    """argmax/argmin: the first NaN if any (numpy's rule), else the first extreme."""
+    def pick(g):
+        for i, v in enumerate(g):
+            if v != v:
+                return i
+        return fn(range(len(g)), key=lambda i: (g[i], tie(i)))
+    return pick
 
 
 class _Result(list):

@@ -29,6 +29,11 @@ NUMPY_NAMES = {
 }
 
 
+def _is_real_numpy(np) -> bool:
+    """numpy itself, not the sandbox's stand-in (which marks itself)."""
+    return not getattr(np, "__tessera_stand_in__", False)
+
+
 class InferError(Exception):
     """An error the host answered a call with: its WIT kind (`invalid-input`, ...) and message."""
 
@@ -56,7 +61,7 @@ class WireTensor:
             flat = arr.flatten() if hasattr(arr, "flatten") else arr
             elements = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
             return cls(name, datatype, shape, elements=elements)
-        if hasattr(np, "ascontiguousarray"):  # real numpy: little-endian, contiguous
+        if _is_real_numpy(np):  # little-endian, contiguous
             arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
         return cls(name, datatype, shape, raw=arr.tobytes())
 
@@ -64,12 +69,12 @@ class WireTensor:
         name = NUMPY_NAMES[self.datatype]
         if self.datatype == "BYTES":
             values = list(self.elements or [])
-            if hasattr(np, "empty"):  # real numpy: a 1-D object array, then shaped
+            if _is_real_numpy(np):  # a 1-D object array, then shaped
                 out = np.empty(len(values), dtype=np.object_)
                 out[:] = values
                 return out.reshape(self.shape)
             return np.array(values, dtype=np.object_).reshape(self.shape)
-        if hasattr(np, "frombuffer"):  # real numpy: a writable copy, as Triton's is writable
+        if _is_real_numpy(np):  # a writable copy, as Triton's is writable
             dtype = np.dtype(getattr(np, name)).newbyteorder("<")
             return np.frombuffer(bytearray(self.raw or b""), dtype=dtype).reshape(self.shape)
         return np.ndarray.frombuffer(self.raw or b"", getattr(np, name), self.shape)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import struct
 
+import tessera_ndarray as _stand_in
+
 try:  # pragma: no cover - which one depends on where this runs
     import numpy as np
-    HAVE_NUMPY = True
-except ImportError:  # the sandbox
-    import tessera_ndarray as np
-    HAVE_NUMPY = False
+except ImportError:  # a sandbox built without the numpy package
+    np = _stand_in
+# In the sandbox `numpy` is Tessera's stand-in (guest-sdk-python/src/sandbox/numpy).
+HAVE_NUMPY = not getattr(np, "__tessera_stand_in__", False)
 
 import tessera_wire as wire
 
@@ -65,7 +67,7 @@ def _np_type(name: str):
 
 def _dtype_name(dtype) -> str:
     """numpy's name of a dtype or scalar type (`float32`, `bool`, `object`, `bytes_`)."""
-    d = np.dtype(dtype) if HAVE_NUMPY else np.as_dtype(dtype)
+    d = np.dtype(dtype) if HAVE_NUMPY else _stand_in.as_dtype(dtype)
     if HAVE_NUMPY and d.kind in "SU":
         return "object_"
     return {"bool": "bool_", "object": "object_"}.get(d.name, d.name)

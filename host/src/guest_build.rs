@@ -116,6 +116,9 @@ fn build_python(tool: &Path, wit: &Path, sdk: &Path, version: &Path) -> anyhow::
         .arg(wit)
         .args(["-w", "model", "componentize", "-p"])
         .arg(sdk)
+        // `import numpy` finds the sandbox's stand-in.
+        .arg("-p")
+        .arg(sdk.join("sandbox"))
         .arg("-p")
         .arg(version)
         .arg("tessera_triton_app")
@@ -331,7 +334,7 @@ fn hint(stderr: &str) -> String {
         .and_then(|rest| rest.split('\'').next())
     {
         let why = if module == "numpy" || module.starts_with("numpy.") {
-            "numpy has no WebAssembly build: the sandbox's tensors are tessera_ndarray arrays (docs/writing-handlers-python.md lists what they do); remove the import".to_owned()
+            "numpy has no WebAssembly build, and the sandbox's numpy is a subset without submodules (docs/writing-handlers-python.md lists it call by call)".to_owned()
         } else {
             format!(
                 "put {module}.py (pure Python) next to model.py; packages with native code have no WebAssembly build"
@@ -358,6 +361,7 @@ mod tests {
             "tessera_triton_app.py",
             "tessera_wire.py",
             "tessera_ndarray.py",
+            "sandbox/numpy/__init__.py",
         ] {
             assert!(
                 PYTHON_SDK_FILES.iter().any(|(p, _)| *p == module),
@@ -412,11 +416,8 @@ mod tests {
 
     #[test]
     fn a_missing_module_is_named_with_the_fix() {
-        let h = hint("ModuleNotFoundError: No module named 'numpy'\n");
-        assert!(
-            h.contains("'numpy'") && h.contains("tessera_ndarray"),
-            "{h}"
-        );
+        let h = hint("ModuleNotFoundError: No module named 'numpy.linalg'\n");
+        assert!(h.contains("'numpy.linalg'") && h.contains("subset"), "{h}");
         let h = hint("ModuleNotFoundError: No module named 'helpers'\n");
         assert!(h.contains("helpers.py"), "{h}");
         assert!(hint("some other failure").is_empty());

@@ -177,7 +177,7 @@ def test_bytes_arrays_are_object_arrays():
 
 
 @pytest.mark.parametrize("call", [
-    lambda a: a.cumsum(), lambda a: a.sum(axis=0), lambda a: a[..., 0],
+    lambda a: a.cumsum(), lambda a: a.sum(axis=(0, 1)), lambda a: a[..., 0],
     lambda a: a.__setitem__(0, 1), lambda a: a.dot(a), lambda a: a[[0, 1]],
 ])
 def test_what_is_missing_fails_by_name(call):
@@ -279,3 +279,107 @@ def test_requests_responses_and_errors():
         a.to_dlpack()
     with pytest.raises(pb_utils.TritonModelException, match="numpy array"):
         pb_utils.Tensor("x", [1, 2, 3])
+
+
+# --- the sandbox's `numpy` package (guest-sdk-python/src/sandbox/numpy) -----------------------
+
+def _sandbox_numpy():
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "guest-sdk-python" / "src" / "sandbox" / "numpy" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("tessera_sandbox_numpy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+snp = _sandbox_numpy()
+
+
+@pytest.mark.parametrize("name", ["int32", "uint8", "float32", "float64", "bool_"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reductions_along_an_axis(name, axis, keepdims):
+    real, ours = both(name, (3, 4), 12)
+    for fn in ("sum", "max", "min", "argmax", "argmin", "any", "all", "mean"):
+        if fn in ("argmax", "argmin") and keepdims and axis is None:
+            continue  # numpy 2 gives keepdims there too; not offered here
+        expected = getattr(np, fn)(real, axis=axis, keepdims=keepdims) if fn not in ("argmax", "argmin") \
+            else getattr(np, fn)(real, axis=axis, keepdims=keepdims)
+        got = getattr(snp, fn)(ours, axis=axis, keepdims=keepdims)
+        if fn == "mean" or (fn == "sum" and name.startswith("float")):
+            assert np.allclose(np.asarray(got.tolist() if isinstance(got, tnp.ndarray) else got),
+                               expected, rtol=1e-6), fn
+            if isinstance(got, tnp.ndarray):
+                assert got.dtype.name == np.asarray(expected).dtype.name and got.shape == expected.shape
+        else:
+            same(np.asarray(expected) if isinstance(got, tnp.ndarray) else expected, got,
+                 f"{fn}({name}, axis={axis}, keepdims={keepdims})")
+
+
+def test_concatenate_stack_and_shapes():
+    ra, oa = both("float32", (2, 3), 13)
+    rb, ob = both("int16", (2, 3), 14)
+    for axis in (0, 1, -1):
+        same(np.concatenate([ra, rb], axis=axis), snp.concatenate([oa, ob], axis=axis), f"cat {axis}")
+    for axis in (0, 1, 2, -1):
+        same(np.stack([ra, ra], axis=axis), snp.stack([oa, oa], axis=axis), f"stack {axis}")
+    with pytest.raises(ValueError):
+        snp.concatenate([oa, snp.zeros((3, 3))], axis=1)
+    same(np.arange(5), snp.arange(5), "arange")
+    same(np.arange(2, 11, 3, dtype=np.int32), snp.arange(2, 11, 3, dtype="int32"), "arange step")
+    same(np.arange(0.0, 1.0, 0.25), snp.arange(0.0, 1.0, 0.25), "arange float")
+    same(np.zeros_like(ra), snp.zeros_like(oa), "zeros_like")
+    same(np.full((2, 2), 7, dtype=np.int8), snp.full((2, 2), 7, dtype="int8"), "full")
+
+
+@pytest.mark.parametrize("name", ["float32", "float64", "int32"])
+def test_elementwise_math_within_one_ulp(name):
+    real, ours = both(name, (2, 5), 15)
+    real, ours = abs(real) + 1, abs(ours) + 1
+    for fn in ("exp", "log", "sqrt", "tanh", "sin", "cos", "floor", "ceil", "log2", "log10"):
+        arg_r = real / 100 if fn == "exp" else real
+        arg_o = ours / 100 if fn == "exp" else ours
+        with np.errstate(all="ignore"):
+            expected = getattr(np, fn)(arg_r)
+        got = getattr(snp, fn)(arg_o)
+        assert got.dtype.name == expected.dtype.name, fn
+        if expected.dtype.kind in "iu":
+            same(expected, got, fn)
+            continue
+        assert np.allclose(np.array(got.tolist(), dtype=expected.dtype), expected,
+                           rtol=2 * np.finfo(expected.dtype).eps, atol=0, equal_nan=True), fn
+    assert snp.exp(snp.array([1000.0], dtype="float32")).tolist() == [float("inf")]
+    assert math.isnan(snp.log(snp.array([-1.0])).tolist()[0])
+
+
+def test_softmax_argsort_where_and_friends():
+    logits = np.array([[1.0, 3.0, 2.0, -1.0], [0.5, 0.5, 4.0, 1.0]], dtype=np.float32)
+    ours = snp.array(logits.tolist(), dtype="float32")
+
+    def softmax(m, x):
+        e = m.exp(x - m.max(x, axis=-1, keepdims=True))
+        return e / m.sum(e, axis=-1, keepdims=True)
+
+    expected, got = softmax(np, logits), softmax(snp, ours)
+    assert got.dtype.name == "float32" and got.shape == expected.shape
+    assert np.allclose(np.array(got.tolist(), dtype=np.float32), expected, rtol=1e-6)
+    same(np.argmax(logits, axis=-1), snp.argmax(ours, axis=-1), "argmax")
+    same(np.argsort(logits[0]), snp.argsort(ours[0]), "argsort 1-D")
+    same(np.argsort(logits, axis=-1, kind="stable"), snp.argsort(ours, axis=-1), "argsort 2-D")
+    same(np.where(logits > 1, logits, 0), snp.where(ours > 1, ours, 0), "where")
+    same(np.maximum(logits, 1.5), snp.maximum(ours, 1.5), "maximum")
+    same(np.minimum(logits, logits[0]), snp.minimum(ours, ours[0]), "minimum")
+    same(np.clip(logits, 0, 2), snp.clip(ours, 0, 2), "clip")
+    ints = np.array([1, 5, -3], dtype=np.int32)
+    same(np.clip(ints, 0, 2), snp.clip(snp.array([1, 5, -3], dtype="int32"), 0, 2), "clip int")
+    assert snp.allclose(ours, ours + 1e-9) and not snp.allclose(ours, ours + 1)
+    assert snp.array_equal(ours, ours) and not snp.array_equal(ours, ours[0])
+    assert snp.float32 is tnp.float32 and snp.asarray(ours) is ours
+
+
+def test_what_the_sandbox_numpy_lacks_is_named():
+    assert not hasattr(snp, "linalg") and not hasattr(snp.zeros(2), "cumsum")
+    with pytest.raises(tnp.NotInSandbox, match="numpy.einsum"):
+        snp.einsum("ii", snp.zeros((2, 2)))
+    with pytest.raises(tnp.NotInSandbox):
+        snp.argsort(snp.zeros((2, 2)), axis=0)

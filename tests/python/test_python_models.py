@@ -42,6 +42,8 @@ UPSTREAM = {
 # A Triton-style model.py that misbehaves on request: MODE picks how.
 PROBE = '''
 import json
+
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
@@ -60,13 +62,23 @@ class TritonPythonModel:
                 hoard = []
                 while True:
                     hoard.append(bytearray(16 << 20))
-            if mode == "file":
+            if mode == "numpy":
+                # What pre/post-processing does, with the sandbox's numpy.
+                logits = np.array([[1.0, 3.0, 2.0, -1.0], [0.5, 0.5, 4.0, 1.0]], dtype=np.float32)
+                e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
+                probs = e / np.sum(e, axis=-1, keepdims=True)
+                both = np.concatenate([logits, probs], axis=0)
+                out = json.dumps({"probs": probs.tolist(), "dtype": str(probs.dtype),
+                                  "argmax": np.argmax(probs, axis=-1).tolist(),
+                                  "shape": list(both.shape),
+                                  "has_linalg": hasattr(np, "linalg")}).encode()
+            elif mode == "file":
                 with open("/etc/passwd") as f:
                     text = f.read()
                 out = text.encode()
             else:
                 out = b"ok:" + mode.encode()
-            tensor = pb_utils.Tensor("OUT", pb_utils.np.array([out], dtype=pb_utils.np.object_))
+            tensor = pb_utils.Tensor("OUT", np.array([out], dtype=np.object_))
             responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
         return responses
 '''
@@ -207,6 +219,17 @@ def test_the_sandbox_contains_a_misbehaving_model_py(python_server, mode, expect
     a = np.ones(4, dtype=np.float32)
     result = client.infer("add_sub", add_sub_inputs(httpclient, a, a))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+
+
+def test_a_model_py_computes_with_the_sandboxs_numpy(python_server):
+    got = json.loads(_probe(python_server, "numpy"))
+    logits = np.array([[1.0, 3.0, 2.0, -1.0], [0.5, 0.5, 4.0, 1.0]], dtype=np.float32)
+    e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
+    probs = e / np.sum(e, axis=-1, keepdims=True)
+    assert got["dtype"] == "float32" and got["shape"] == [4, 4]
+    np.testing.assert_allclose(np.array(got["probs"], dtype=np.float32), probs, rtol=1e-6)
+    assert got["argmax"] == np.argmax(probs, axis=-1).tolist()
+    assert got["has_linalg"] is False
 
 
 def test_an_unbuilt_model_py_is_refused_with_the_command_that_builds_it(python_server):
