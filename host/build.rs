@@ -32,7 +32,7 @@ fn embed_python_build_files() {
             "JS_SDK_FILES",
             root.join("guest-sdk-js"),
             "src",
-            &["js", "ts"][..],
+            &["js", "ts", "cjs"][..],
         ),
     ] {
         println!("cargo:rerun-if-changed={}", dir.join(sub).display());

@@ -34,6 +34,8 @@ pub struct Tools {
 enum Language {
     Python,
     JavaScript,
+    /// JavaScript after typescript strips the types (`model.ts`).
+    TypeScript,
 }
 
 /// Builds every version of the model in `dir` that has a `model.py` or a `model.js`; returns
@@ -46,20 +48,20 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
     let versions = source_versions(dir)?;
     let Some((_, language)) = versions.first() else {
         bail!(
-            "{} has no version folder with a model.py or a model.js (Triton's layout: {}/1/model.py)",
+            "{} has no version folder with a model.py, model.js or model.ts (Triton's layout: {}/1/model.py)",
             dir.display(),
             dir.display()
         );
     };
     let (language, backend) = (*language, config.backend.as_str());
     match (language, backend) {
-        (Language::Python, "python") | (Language::JavaScript, "wasm") => {}
+        (Language::Python, "python") | (Language::JavaScript | Language::TypeScript, "wasm") => {}
         (Language::Python, _) => bail!(
             "{}: a model.py is built for backend \"python\", and the backend is '{backend}'",
             config_path.display()
         ),
-        (Language::JavaScript, _) => bail!(
-            "{}: a model.js is a Wasm handler: the backend must be \"wasm\", not '{backend}'",
+        (Language::JavaScript | Language::TypeScript, _) => bail!(
+            "{}: a model.js or model.ts is a Wasm handler: the backend must be \"wasm\", not '{backend}'",
             config_path.display()
         ),
     }
@@ -95,10 +97,10 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
                 built.push(build_python(&tool, &wit, &sdk, version)?);
             }
         }
-        Language::JavaScript => {
+        Language::JavaScript | Language::TypeScript => {
             let tool = componentize_qjs(tools.componentize_qjs.as_deref())?;
             for (version, _) in &versions {
-                built.push(build_js(&tool, &wit, work.path(), version)?);
+                built.push(build_js(&tool, &wit, work.path(), version, language)?);
             }
         }
     }
@@ -134,14 +136,24 @@ fn build_python(tool: &Path, wit: &Path, sdk: &Path, version: &Path) -> anyhow::
 
 /// componentize-qjs resolves `@tessera/guest` under its module root: a scratch folder holding
 /// the SDK as `node_modules/@tessera/guest` and a copy of the version folder's files.
-fn build_js(tool: &Path, wit: &Path, work: &Path, version: &Path) -> anyhow::Result<PathBuf> {
+fn build_js(
+    tool: &Path,
+    wit: &Path,
+    work: &Path,
+    version: &Path,
+    language: Language,
+) -> anyhow::Result<PathBuf> {
     let root = work.join(format!(
         "js-{}",
         version.file_name().and_then(|n| n.to_str()).unwrap_or("v")
     ));
-    write_files(&root.join("node_modules/@tessera/guest"), JS_SDK_FILES)?;
+    let sdk = root.join("node_modules/@tessera/guest");
+    write_files(&sdk, JS_SDK_FILES)?;
     let model = root.join("model");
     copy_sources(version, &model)?;
+    if language == Language::TypeScript {
+        transpile(tool, &sdk.join("src/transpile.cjs"), &model, version)?;
+    }
     let partial = version.join(".model.wasm.partial");
     let run = Command::new(tool)
         .arg("--wit")
@@ -154,7 +166,39 @@ fn build_js(tool: &Path, wit: &Path, work: &Path, version: &Path) -> anyhow::Res
         .arg(&partial)
         .output()
         .with_context(|| format!("cannot run {}", tool.display()))?;
-    finish(run, &partial, &version.join("model.js"), "componentize-qjs")
+    let source = match language {
+        Language::TypeScript => "model.ts",
+        _ => "model.js",
+    };
+    finish(run, &partial, &version.join(source), "componentize-qjs")
+}
+
+/// Strips the types of the folder's `.ts` files with the typescript package installed beside
+/// componentize-qjs (`npm ci` in guest-sdk-js puts both in one node_modules).
+fn transpile(qjs: &Path, script: &Path, folder: &Path, version: &Path) -> anyhow::Result<()> {
+    let typescript = resolve(qjs)
+        .and_then(|bin| Some(bin.parent()?.parent()?.parent()?.join("typescript")))
+        .filter(|dir| dir.join("package.json").is_file())
+        .with_context(|| {
+            format!(
+                "no typescript package beside {} to build a model.ts: `npm ci` in guest-sdk-js",
+                qjs.display()
+            )
+        })?;
+    let run = Command::new("node")
+        .arg(script)
+        .arg(&typescript)
+        .arg(folder)
+        .output()
+        .context("cannot run node (Node.js 20 or later) to transpile TypeScript")?;
+    if !run.status.success() {
+        bail!(
+            "TypeScript could not be transpiled ({}):\n{}",
+            version.join("model.ts").display(),
+            tail(&String::from_utf8_lossy(&run.stderr), 40)
+        );
+    }
+    Ok(())
 }
 
 /// The version folder's files but the components, for the JS build's module root.
@@ -202,7 +246,7 @@ fn finish(
     Ok(output)
 }
 
-/// The numbered folders of `dir` that hold a `model.py` or a `model.js`, in version order.
+/// The numbered folders of `dir` that hold a `model.py`, `model.js` or `model.ts`, in order.
 fn source_versions(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Language)>> {
     let mut versions = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
@@ -215,14 +259,18 @@ fn source_versions(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Language)>> {
             continue;
         };
         let path = entry.path();
-        let language = match (
-            path.join("model.py").is_file(),
-            path.join("model.js").is_file(),
-        ) {
-            (true, true) => bail!("{} holds both a model.py and a model.js", path.display()),
-            (true, false) => Language::Python,
-            (false, true) => Language::JavaScript,
-            (false, false) => continue,
+        let found: Vec<(&str, Language)> = [
+            ("model.py", Language::Python),
+            ("model.js", Language::JavaScript),
+            ("model.ts", Language::TypeScript),
+        ]
+        .into_iter()
+        .filter(|(file, _)| path.join(file).is_file())
+        .collect();
+        let language = match found.as_slice() {
+            [] => continue,
+            [(_, language)] => *language,
+            [(a, _), (b, _), ..] => bail!("{} holds both a {a} and a {b}", path.display()),
         };
         versions.push((n, path, language));
     }
@@ -267,11 +315,7 @@ fn componentize_qjs(tool: Option<&Path>) -> anyhow::Result<PathBuf> {
     let install = format!(
         "`npm ci` in guest-sdk-js (or `npm install componentize-qjs@{COMPONENTIZE_QJS_VERSION}`) and pass --componentize-qjs guest-sdk-js/node_modules/.bin/componentize-qjs"
     );
-    let resolved = if tool.components().count() > 1 {
-        std::fs::canonicalize(&tool).ok()
-    } else {
-        which(&tool).and_then(|p| std::fs::canonicalize(p).ok())
-    };
+    let resolved = resolve(&tool);
     let Some(resolved) = resolved else {
         bail!(
             "componentize-qjs is needed to build JavaScript handlers and {} was not found: {install}",
@@ -297,6 +341,15 @@ fn componentize_qjs(tool: Option<&Path>) -> anyhow::Result<PathBuf> {
             "cannot tell which componentize-qjs {} is (no npm package.json beside it): {install}",
             tool.display()
         ),
+    }
+}
+
+/// A tool's real path: as given when it names a folder, else found on PATH; links followed.
+fn resolve(tool: &Path) -> Option<PathBuf> {
+    if tool.components().count() > 1 {
+        std::fs::canonicalize(tool).ok()
+    } else {
+        which(tool).and_then(|p| std::fs::canonicalize(p).ok())
     }
 }
 
@@ -385,7 +438,7 @@ mod tests {
         let none = Tools::default();
         let e = build(model, &none).expect_err("no sources").to_string();
         assert!(
-            e.contains("no version folder with a model.py or a model.js"),
+            e.contains("no version folder with a model.py, model.js or model.ts"),
             "{e}"
         );
         std::fs::create_dir(model.join("1")).unwrap();

@@ -1,5 +1,6 @@
-"""JavaScript handlers (model.js with @tessera/guest), built by `tessera build` with
-componentize-qjs (QuickJS) and served by the real binary: answers through tritonclient HTTP and
+"""JavaScript and TypeScript handlers (model.js / model.ts with @tessera/guest), built by
+`tessera build` with componentize-qjs (QuickJS; TypeScript's types stripped by typescript first)
+and served by the real binary: answers through tritonclient HTTP and
 gRPC, BLS from JavaScript to an ONNX model and a Rust handler, errors with their status codes,
 and the sandbox's limits holding for a misbehaving model.js as for Rust guests.
 """
@@ -60,7 +61,7 @@ def js_server():
     work = Path(tempfile.mkdtemp(prefix="tessera-js-models-"))
     repo = work / "repository"
     repo.mkdir()
-    for name in ("add_sub_js", "bls_js"):
+    for name in ("add_sub_js", "bls_js", "add_sub_ts", "bls_ts"):
         shutil.copytree(REPO_ROOT / "examples" / "js" / name, repo / name,
                         ignore=shutil.ignore_patterns("model.wasm"))
     shutil.copytree(REPO_ROOT / "examples" / "triton-python" / "repository" / "pytorch",
@@ -69,7 +70,7 @@ def js_server():
     (repo / "js_probe" / "1").mkdir(parents=True)
     (repo / "js_probe" / "config.pbtxt").write_text(PROBE_CONFIG)
     (repo / "js_probe" / "1" / "model.js").write_text(PROBE)
-    for model in ("add_sub_js", "bls_js", "js_probe"):
+    for model in ("add_sub_js", "bls_js", "add_sub_ts", "bls_ts", "js_probe"):
         built = tessera_build(repo / model)
         assert built.returncode == 0, built.stdout + built.stderr
     srv, proc, log = launch(binary(), ["--model-repository", str(repo)], ready_timeout=120)
@@ -82,8 +83,9 @@ def js_server():
         shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.mark.parametrize("model", ["add_sub_js", "add_sub_ts"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_add_sub_in_javascript(js_server, protocol):
+def test_add_sub_in_javascript_and_typescript(js_server, protocol, model):
     rng = np.random.default_rng(11)
     a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
     if protocol == "http":
@@ -91,21 +93,22 @@ def test_add_sub_in_javascript(js_server, protocol):
     else:
         module = grpcclient
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{js_server.grpc_port}")
-    result = client.infer("add_sub_js", add_sub_inputs(module, a, b))
+    result = client.infer(model, add_sub_inputs(module, a, b))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    only = client.infer("add_sub_js", add_sub_inputs(module, a, b),
+    only = client.infer(model, add_sub_inputs(module, a, b),
                         outputs=[module.InferRequestedOutput("OUTPUT1")])
     assert only.as_numpy("OUTPUT0") is None
     np.testing.assert_array_equal(only.as_numpy("OUTPUT1"), a - b)
 
 
+@pytest.mark.parametrize("bls", ["bls_js", "bls_ts"])
 @pytest.mark.parametrize("callee", ["pytorch", "add_sub_rust", "add_sub_js"])
-def test_bls_in_javascript_reaches_onnx_rust_and_javascript(js_server, callee):
+def test_bls_in_javascript_reaches_onnx_rust_and_javascript(js_server, callee, bls):
     client = httpclient.InferenceServerClient(js_server.url)
     a = np.array([1.5, -2.0, 3.25, 0.0], dtype=np.float32)
     b = np.array([0.5, 4.0, -1.25, 7.0], dtype=np.float32)
-    result = client.infer("bls_js", add_sub_inputs(httpclient, a, b, callee))
+    result = client.infer(bls, add_sub_inputs(httpclient, a, b, callee))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
@@ -141,3 +144,21 @@ def test_the_sandbox_contains_a_misbehaving_model_js(js_server, mode, expected):
         _probe(js_server, mode)
     assert expected in e.value.message().lower(), e.value.message()
     assert _probe(js_server, "again") == b"ok:again"
+
+
+def test_the_typescript_examples_type_check_against_the_sdk_types():
+    tsc = REPO_ROOT / "guest-sdk-js" / "node_modules" / ".bin" / "tsc"
+    run = subprocess.run([str(tsc), "-p", str(REPO_ROOT / "guest-sdk-js")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_typescript_syntax_error_fails_the_build_with_its_line(tmp_path):
+    model = tmp_path / "broken_ts"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "broken_ts"\nbackend: "wasm"\n')
+    (model / "1" / "model.ts").write_text("export const handler = {\n  execute(: number) {}\n};\n")
+    built = tessera_build(model)
+    assert built.returncode != 0
+    assert "TypeScript could not be transpiled" in built.stderr and "model.ts:2" in built.stderr, built.stderr
+    assert not (model / "1" / "model.wasm").exists()

@@ -321,7 +321,7 @@ impl Backend for WasmBackend {
             let path = model_file(&ctx.config, &ctx.version_dir, "model.wasm");
             if !path.exists() {
                 // A Python or JavaScript source that was never built: say how.
-                let source = ["model.py", "model.js"]
+                let source = ["model.py", "model.js", "model.ts"]
                     .into_iter()
                     .find(|s| ctx.version_dir.join(s).is_file());
                 if let Some(source) = source {
