@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Triton's add_sub as a Python model.py (built by `tessera build`), as a Rust handler and as
-an ONNX model, side by side in one server: throughput, p50/p99 latency and server CPU per
+"""Triton's add_sub as a Python model.py and as a JavaScript handler (both built by `tessera
+build`), as a Rust handler and as an ONNX model, side by side in one server: throughput, p50/p99 latency and server CPU per
 inference over HTTP at each concurrency, and the guest's own time per execution from the
 server's metrics. Not run in CI.
 
     .venv/bin/python bench/python_models.py [--bin target/release/tessera] [--seconds 5]
         [--concurrency 1,16]
 
-It builds a scratch repository (examples/triton-python's add_sub and the Rust example handler
-at the same FP32 [4] contract), starts the server on free ports, and removes both at the end.
+It builds a scratch repository (examples/triton-python's add_sub, examples/js/add_sub_js and
+the Rust example handler at the same FP32 [4] contract), starts the server on free ports, and removes both at the end.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
 """
 MODELS = [("add_sub", "Python model.py (Triton's, unchanged)"),
           ("add_sub_rust", "Rust handler"),
+          ("add_sub_js", "JavaScript (QuickJS)"),
           ("pytorch", "ONNX Runtime")]
 
 
@@ -104,6 +105,11 @@ def main():
         for m in ("add_sub", "pytorch"):
             shutil.copytree(ROOT / "examples" / "triton-python" / "repository" / m, repo / m,
                             ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
+        shutil.copytree(ROOT / "examples" / "js" / "add_sub_js", repo / "add_sub_js",
+                        ignore=shutil.ignore_patterns("model.wasm"))
+        subprocess.run([args.bin, "build", str(repo / "add_sub_js"), "--componentize-qjs",
+                        str(ROOT / "guest-sdk-js" / "node_modules" / ".bin" / "componentize-qjs")],
+                       check=True, stdout=subprocess.DEVNULL)
         (repo / "add_sub_rust" / "1").mkdir(parents=True)
         (repo / "add_sub_rust" / "config.pbtxt").write_text(RUST_CONFIG)
         shutil.copy(ROOT / "model_repository" / "add_sub_wasm" / "1" / "model.wasm",
