@@ -74,6 +74,7 @@ def js_server():
         built = tessera_build(repo / model)
         assert built.returncode == 0, built.stdout + built.stderr
     srv, proc, log = launch(binary(), ["--model-repository", str(repo)], ready_timeout=120)
+    srv.repo = repo  # the built models, for the deploy test
     ok = False
     try:
         yield srv
@@ -119,6 +120,29 @@ def test_bls_in_javascript_passes_the_callee_error_on(js_server):
     with pytest.raises(InferenceServerException) as e:
         client.infer("bls_js", add_sub_inputs(httpclient, a, a, "no_such_model"))
     assert e.value.status() == "404" and "no_such_model" in e.value.message()
+
+
+@pytest.mark.parametrize("source", ["bls_ts", "bls_js"])
+def test_a_typescript_or_javascript_handler_deploys_to_the_running_server(js_server, tmp_path,
+                                                                          source):
+    """`tessera build` then `tessera deploy`: the built handler serves beside the models the
+    server started with, and its BLS calls reach them."""
+    name = f"{source}_deployed"
+    model = tmp_path / name
+    shutil.copytree(js_server.repo / source, model)
+    config = (model / "config.pbtxt").read_text().replace(f'"{source}"', f'"{name}"')
+    (model / "config.pbtxt").write_text(config)
+    run = subprocess.run([str(binary()), "deploy", str(model), "--server", js_server.url],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    client = httpclient.InferenceServerClient(js_server.url)
+    a = np.array([2.0, -1.0, 0.5, 8.0], dtype=np.float32)
+    b = np.array([1.0, 1.0, 0.25, -8.0], dtype=np.float32)
+    result = client.infer(name, add_sub_inputs(httpclient, a, b, "add_sub_ts"))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    # The handler the server started with still answers as before.
+    assert client.get_model_metadata(source)["name"] == source
 
 
 def _probe(srv, mode: str):
