@@ -2,10 +2,11 @@
 """Triton's add_sub as a Python model.py and as a JavaScript handler (both built by `tessera
 build`), as a Rust handler and as an ONNX model, side by side in one server: throughput, p50/p99 latency and server CPU per
 inference over HTTP at each concurrency, and the guest's own time per execution from the
-server's metrics. Not run in CI.
+server's metrics; then each model's file size, load time with a cold and a warm compiled-code
+cache, and the memory a loaded instance takes. Not run in CI.
 
     .venv/bin/python bench/python_models.py [--bin target/release/tessera] [--seconds 5]
-        [--concurrency 1,16]
+        [--concurrency 1,16] [--footprint-only]
 
 It builds a scratch repository (examples/triton-python's add_sub, examples/js/add_sub_js and
 the Rust example handler at the same FP32 [4] contract), starts the server on free ports, and removes both at the end.
@@ -14,7 +15,6 @@ the Rust example handler at the same FP32 [4] contract), starts the server on fr
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import socket
@@ -62,6 +62,77 @@ def metric(metrics_port: int, name: str, model: str) -> float:
     return total
 
 
+def start_server(binary: str, repo: Path, work: Path, cache: Path, *extra: str):
+    """The server on free ports; returns once it is ready."""
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = work / "server.log"
+    proc = subprocess.Popen([binary, "--model-repository", str(repo), "--store", str(work / "store"),
+                             "--http-port", str(http), "--grpc-port", str(grpc),
+                             "--metrics-port", str(metrics), "--http-address", "127.0.0.1",
+                             "--grpc-address", "127.0.0.1", "--wasm-cache-dir", str(cache), *extra],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+    t0 = time.perf_counter()
+    url = f"127.0.0.1:{http}"
+    while True:
+        try:
+            if urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2).status == 200:
+                return proc, url, metrics
+        except OSError:
+            pass
+        if proc.poll() is not None or time.perf_counter() - t0 > 300:
+            proc.kill()
+            sys.exit(f"server did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def with_instances(model_dir: Path, count: int):
+    config = model_dir / "config.pbtxt"
+    text = re.sub(r"instance_group\s*\[[^\]]*\]\s*", "", config.read_text())
+    config.write_text(text + f"\ninstance_group [ {{ count: {count} kind: KIND_CPU }} ]\n")
+
+
+def footprint(binary: str, repo: Path, work: Path):
+    """Per model: its file's size, the load with an empty compiled-code cache (cold compile) and
+    with a warm one, and the memory one instance adds. Each load runs in a server of its own
+    (explicit model control, nothing else loaded), so the resident-set differences are the
+    model's: memory an unload frees is not always given back to the system."""
+    cache = work / "cache-footprint"
+    print("| model | file MB | cold load s | cached load s | RSS after a cold load MB | "
+          "RSS, cached load, 1 instance MB | RSS per further instance MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for model, what in MODELS:
+        version = repo / model / "1"
+        artifact = next(p for p in (version / "model.wasm", version / "model.onnx") if p.exists())
+        loads, rss = [], {}
+        for phase, count in (("cold", 1), ("cached", 1), ("cached", 5)):
+            with_instances(repo / model, count)
+            proc, url, _ = start_server(binary, repo, work, cache, "--model-control-mode", "explicit")
+            try:
+                base = rss_bytes(proc.pid)
+                t0 = time.perf_counter()
+                req = urllib.request.Request(f"http://{url}/v2/repository/models/{model}/load",
+                                             data=b"{}", method="POST")
+                urllib.request.urlopen(req, timeout=300).read()
+                if count == 1:
+                    loads.append(time.perf_counter() - t0)
+                load(url, model, count, 0.5)  # every instance touched
+                rss[(phase, count)] = rss_bytes(proc.pid) - base
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        with_instances(repo / model, 1)
+        per_instance = (rss[("cached", 5)] - rss[("cached", 1)]) / 4
+        print(f"| {model} ({what}) | {artifact.stat().st_size / 1e6:.1f} | {loads[0]:.2f} | "
+              f"{loads[1]:.2f} | {rss[('cold', 1)] / 1e6:.0f} | {rss[('cached', 1)] / 1e6:.0f} | "
+              f"{per_instance / 1e6:.1f} |",
+              flush=True)
+
+
 def load(url: str, model: str, concurrency: int, seconds: float):
     latencies: list[float] = []
     lock = threading.Lock()
@@ -96,6 +167,8 @@ def main():
     p.add_argument("--bin", default=str(ROOT / "target" / "release" / "tessera"))
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--footprint-only", action="store_true",
+                   help="only the size, load time and memory table")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-python-"))
     proc = None
@@ -119,24 +192,11 @@ def main():
                         str(ROOT / ".venv" / "bin" / "componentize-py")], check=True,
                        stdout=subprocess.DEVNULL)
         build_s = time.perf_counter() - t0
-        http, grpc, metrics = free_port(), free_port(), free_port()
-        env = dict(os.environ)
-        proc = subprocess.Popen([args.bin, "--model-repository", str(repo), "--store", str(work / "store"),
-                                 "--http-port", str(http), "--grpc-port", str(grpc),
-                                 "--metrics-port", str(metrics), "--http-address", "127.0.0.1",
-                                 "--grpc-address", "127.0.0.1", "--wasm-cache-dir", str(work / "cache")],
-                                stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"), env=env)
+        if args.footprint_only:
+            footprint(args.bin, repo, work)
+            return
         t0 = time.perf_counter()
-        url = f"127.0.0.1:{http}"
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.perf_counter() - t0 > 300:
-                sys.exit(f"server did not start: {(work / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+        proc, url, metrics = start_server(args.bin, repo, work, work / "cache")
         ready_s = time.perf_counter() - t0
         compiled = re.findall(r"compiled-code cache miss.*", (work / "server.log").read_text())
         print(f"tessera build: {build_s:.1f} s; server ready (cold compile) in {ready_s:.1f} s; "
@@ -159,6 +219,11 @@ def main():
                 print(f"| {model} ({what}) | {c} | {len(lat) / wall:,.0f} | {np.percentile(lat_ms, 50):.2f} | "
                       f"{np.percentile(lat_ms, 99):.2f} | {cpu / len(lat) * 1e6:,.0f} | "
                       f"{compute / execs if execs else float('nan'):,.0f} |", flush=True)
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc = None
+        print()
+        footprint(args.bin, repo, work)
     finally:
         if proc is not None:
             proc.terminate()
