@@ -48,6 +48,7 @@ pub struct WasmFunction {
     pub name: String,
     pre: ProxyPre<HostState>,
     engine: Engine,
+    ticker: Arc<super::epoch::EpochTicker>,
     pub limits: FunctionLimits,
     env: Vec<(String, String)>,
     allowed_hosts: Arc<[String]>,
@@ -174,6 +175,7 @@ impl WasmRuntime {
             name: name.to_owned(),
             pre,
             engine: self.engine.clone(),
+            ticker: self.ticker.clone(),
             log_rate: Arc::new(LogRate::new(limits.sandbox.max_log_bytes_per_second)),
             running: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrency)),
             limits,
@@ -262,6 +264,7 @@ impl WasmFunction {
             inference: self.inference.clone(),
             counters: self.counters.clone(),
             log_rate: self.log_rate.clone(),
+            ticker: self.ticker.clone(),
             env: &self.env,
             allowed_hosts: self.allowed_hosts.clone(),
             files: None,
@@ -300,6 +303,7 @@ impl WasmFunction {
             let _permit = permit;
             // Counted down on every way out, an abort at the time limit included.
             let _live = LiveInvocation::enter(this.clone());
+            let running = store.data().guest_running();
             let instantiating = Instant::now();
             let outcome = match this.pre.instantiate_async(&mut store).await {
                 Ok(proxy) => {
@@ -326,6 +330,7 @@ impl WasmFunction {
                 }
                 Err(e) => Err(this.failed(format!("cannot instantiate: {e:#}"))),
             };
+            drop(running);
             store.data_mut().flush_output(&this.name, 0);
             store.data_mut().end_execution();
             outcome

@@ -18,6 +18,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
+use super::epoch::{EpochTicker, Running};
 use super::limits::{Counters, InstanceTracker, Limits, LogRate, StoreLimiter};
 use super::tessera::inference::{inference, log, types};
 use super::{Bindings, Live, Pre, convert};
@@ -36,6 +37,7 @@ pub struct WasmModel {
     pub counters: Arc<Counters>,
     /// Instances alive across every Wasm model.
     pub instances: Arc<InstanceTracker>,
+    pub ticker: Arc<EpochTicker>,
     /// The model's log allowance, shared by its instances.
     pub log_rate: Arc<LogRate>,
     /// The version's folder, which the handler reads (only reads) as `/model`: its tokenizer,
@@ -63,6 +65,7 @@ impl WasmModel {
         store
             .set_fuel(self.limits.fuel_per_execute)
             .map_err(|e| e.to_string())?;
+        let running = store.data().guest_running();
         let instantiated = match &self.pre {
             Pre::Unary(pre) => pre.instantiate_async(&mut store).await.map(Bindings::Unary),
             Pre::Decoupled(pre) => pre
@@ -70,6 +73,7 @@ impl WasmModel {
                 .await
                 .map(Bindings::Decoupled),
         };
+        drop(running);
         let bindings = instantiated.map_err(|e| {
             format!(
                 "cannot instantiate handler '{}': {e:#}",
@@ -345,6 +349,7 @@ pub struct HostState {
     model: String,
     version: i64,
     counters: Arc<Counters>,
+    ticker: Arc<EpochTicker>,
     log_rate: Arc<LogRate>,
     max_log_bytes: usize,
     /// What the `log` import may still write during this execution.
@@ -377,6 +382,7 @@ pub struct Guest<'a> {
     pub inference: Weak<dyn Inference>,
     pub counters: Arc<Counters>,
     pub log_rate: Arc<LogRate>,
+    pub ticker: Arc<EpochTicker>,
     /// Environment variables the guest sees (a function's manifest; none for a model).
     pub env: &'a [(String, String)],
     /// Hosts (`host` or `host:port`) outgoing `wasi:http` requests may reach.
@@ -397,6 +403,7 @@ impl HostState {
             inference: model.inference.clone(),
             counters: model.counters.clone(),
             log_rate: model.log_rate.clone(),
+            ticker: model.ticker.clone(),
             env: &[],
             allowed_hosts: Arc::from(Vec::new()),
             files: model.files.as_deref(),
@@ -444,6 +451,7 @@ impl HostState {
             model: guest.name.to_owned(),
             version: guest.version,
             counters: guest.counters.clone(),
+            ticker: guest.ticker.clone(),
             log_rate: guest.log_rate.clone(),
             max_log_bytes: limits.max_log_bytes,
             log_budget: limits.max_log_bytes,
@@ -680,6 +688,13 @@ impl BlsStream {
                 self.max_output_bytes,
             )))),
         }
+    }
+}
+
+impl HostState {
+    /// Hold while this store's guest code may run: the epoch ticker ticks only then.
+    pub fn guest_running(&self) -> Running {
+        self.ticker.running()
     }
 }
 

@@ -15,6 +15,7 @@
 mod cache;
 mod convert;
 mod decoupled;
+mod epoch;
 mod function;
 mod function_cache;
 mod host;
@@ -60,6 +61,7 @@ pub struct WasmRuntime {
     cache_dir: Option<PathBuf>,
     pub counters: Arc<limits::CounterRegistry>,
     instances: Arc<limits::InstanceTracker>,
+    ticker: Arc<epoch::EpochTicker>,
 }
 
 impl WasmRuntime {
@@ -113,19 +115,9 @@ impl WasmRuntime {
         wasmtime_wasi::p2::add_to_linker_async(&mut function_linker)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut function_linker)?;
         Model::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut function_linker, |s| s)?;
-        // The epoch ticker lives as long as the process; it holds only a weak engine handle.
-        let weak = engine.weak();
-        let tick = limits.epoch_tick();
-        std::thread::Builder::new()
-            .name("tessera-epoch".into())
-            .spawn(move || {
-                while let Some(engine) = weak.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    std::thread::sleep(tick);
-                }
-            })?;
+        let ticker = epoch::EpochTicker::start(&engine, limits.epoch_tick())?;
         Ok(WasmRuntime {
+            ticker,
             engine,
             max_memory_bytes: limits.wasm_max_memory_bytes,
             linker,
@@ -303,6 +295,7 @@ fn prepare(
         inference,
         counters: runtime.counters.for_model(name),
         instances: runtime.instances.clone(),
+        ticker: runtime.ticker.clone(),
         files,
     }))
 }
@@ -445,6 +438,7 @@ impl Bindings {
         store: &mut Store<HostState>,
         config_json: &str,
     ) -> wasmtime::Result<Result<(), String>> {
+        let _running = store.data().guest_running();
         match self {
             Bindings::Unary(b) => {
                 b.tessera_inference_handler()
@@ -460,6 +454,7 @@ impl Bindings {
     }
 
     async fn finalize(&self, store: &mut Store<HostState>) -> wasmtime::Result<()> {
+        let _running = store.data().guest_running();
         match self {
             Bindings::Unary(b) => b.tessera_inference_handler().call_finalize(store).await,
             Bindings::Decoupled(b) => {
@@ -582,10 +577,12 @@ impl WasmInstance {
         let Bindings::Unary(bindings) = &live.bindings else {
             unreachable!("decoupled handlers returned above");
         };
+        let running = live.store.data().guest_running();
         let call = bindings
             .tessera_inference_handler()
             .call_execute(&mut live.store, &requests);
         let outcome = tokio::time::timeout(limits.execute_deadline, call).await;
+        drop(running);
         let t2 = Instant::now();
         let host = live.store.data_mut();
         host.flush_output(&self.pre.name, self.pre.version);
@@ -692,11 +689,13 @@ impl WasmInstance {
         let Bindings::Decoupled(bindings) = &live.bindings else {
             unreachable!("run_decoupled is called for decoupled handlers");
         };
+        let running = live.store.data().guest_running();
         let call = bindings
             .tessera_inference_decoupled_handler()
             .call_execute(&mut live.store, &pairs);
         let outcome =
             decoupled::within_deadline(call, self.pre.limits.execute_deadline, &blocked).await;
+        drop(running);
         let t2 = Instant::now();
         let host = live.store.data_mut();
         host.flush_output(&self.pre.name, self.pre.version);
@@ -748,10 +747,12 @@ impl WasmInstance {
             self.live = Some(live);
             return None;
         };
+        let running = live.store.data().guest_running();
         let call = bindings
             .tessera_inference_decoupled_handler()
             .call_resume(&mut live.store);
         let outcome = decoupled::within_deadline(call, limits.execute_deadline, &blocked).await;
+        drop(running);
         let host = live.store.data_mut();
         host.flush_output(&self.pre.name, self.pre.version);
         match outcome {
