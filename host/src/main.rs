@@ -241,8 +241,8 @@ struct ServeArgs {
     /// Address the HTTP and metrics endpoints listen on.
     #[arg(long, default_value = "0.0.0.0")]
     http_address: String,
-    /// KServe v2 HTTP/REST port.
-    #[arg(long, default_value_t = 8000)]
+    /// KServe v2 HTTP/REST port; `PORT` is what Knative and similar platforms set.
+    #[arg(long, env = "PORT", default_value_t = 8000)]
     http_port: u16,
     /// Model control, as in tritonserver: `none` (load everything at start, refuse load and
     /// unload), `explicit` (load and unload on request; at start only the `--load-model`
@@ -262,7 +262,8 @@ struct ServeArgs {
     #[arg(long)]
     functions: Vec<PathBuf>,
     /// Where deployed models are kept (created if missing) [default: ~/.local/share/tessera/store].
-    #[arg(long, env = "TESSERA_STORE")]
+    /// A local directory; object storage (`s3://…`) is not supported yet and is refused.
+    #[arg(long, env = "TESSERA_STORE", value_parser = parse_store_dir)]
     store: Option<PathBuf>,
     /// A file holding the admin key; it turns tenancy on (as the TESSERA_ADMIN_KEY environment
     /// variable does). Never pass the key itself on the command line.
@@ -435,6 +436,18 @@ async fn tenants(command: TenantCommand) -> anyhow::Result<()> {
             client,
         } => t::grant(&client.server, &tenant, &model, !revoke).await,
     }
+}
+
+/// Parses `--store`: a directory. A URL was taken for a relative path before (`s3://b/x` made a
+/// local folder named `s3:`), so a deployment a user meant for a bucket stayed on one disk.
+fn parse_store_dir(spec: &str) -> Result<PathBuf, String> {
+    if let Some((scheme, _)) = spec.split_once("://") {
+        return Err(format!(
+            "'{spec}' is a URL: the deployment store is a directory (local, or a shared mount); \
+             object storage ({scheme}://) is not supported yet"
+        ));
+    }
+    Ok(PathBuf::from(spec))
 }
 
 fn default_store_dir() -> Option<PathBuf> {

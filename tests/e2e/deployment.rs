@@ -478,3 +478,49 @@ async fn rollback_unload_and_restart_with_the_command_line() {
     assert_eq!(answer(&server, "cli").await, Ok(1.0));
     server.stop();
 }
+
+#[test]
+fn an_object_storage_url_as_store_is_refused_not_made_a_folder() {
+    let dir = temp_dir("store-url");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .current_dir(&dir)
+        .args(["--store", "s3://bucket/prefix", "--http-port", "0"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("s3://bucket/prefix") && stderr.contains("not supported yet"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.join("s3:").exists(),
+        "a local folder was made for the URL"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_http_port_comes_from_port_as_knative_sets_it() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let port_text = port.to_string();
+    let server =
+        TestServer::start_with_env(&[], &[], &shared_cache(), &[("PORT", port_text.as_str())])
+            .await;
+    assert!(
+        server.base.ends_with(&format!(":{port}")),
+        "{} is not on PORT {port}",
+        server.base
+    );
+    let ready = server
+        .client
+        .get(server.url("/v2/health/ready"))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(ready.status(), 200);
+    server.stop();
+}

@@ -90,7 +90,9 @@ impl TestServer {
         }
         cmd.args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]);
         for flag in ["--http-port", "--grpc-port", "--metrics-port"] {
-            if !extra.contains(&flag) {
+            // `PORT` in the environment stands for --http-port (Knative's convention).
+            let from_env = flag == "--http-port" && env.iter().any(|(k, _)| *k == "PORT");
+            if !extra.contains(&flag) && !from_env {
                 cmd.args([flag, "0"]);
             }
         }
