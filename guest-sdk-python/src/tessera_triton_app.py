@@ -3,16 +3,13 @@
 `tessera build` makes the component of this module, `triton_python_backend_utils` and the
 model's folder. componentize-py runs this module at build time and snapshots the interpreter:
 only modules imported then exist at run time, so every module the model's source names is
-imported here, even those it imports inside a function.
+imported here, even those it imports inside a function (`wire.preimport_named_modules`).
 
 componentize-py makes a new `Handler` object per call, so the model lives in a module global.
 """
 
-import ast
 import asyncio
 import asyncio.base_events
-import importlib
-import importlib.util
 import json
 import time
 import traceback
@@ -25,33 +22,10 @@ from wit_world.imports import types
 import model as _user_module  # the model's model.py (its version folder is on the path)
 
 
-def _preimport_named_modules() -> None:
-    spec = importlib.util.find_spec("model")
-    if spec is None or not spec.origin:
-        return
-    with open(spec.origin, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass  # the model fails the same way when it reaches the import: reported then
-
-
-_preimport_named_modules()
+wire.preimport_named_modules("model")
 
 _model = None
 _state = {"name": "", "decoupled": False}
-
-
-def _error(kind: str, message: str):
-    return types.Error(types.ErrorKind[kind.upper().replace("-", "_")], message)
 
 
 class Handler(exports.Handler):
@@ -91,12 +65,12 @@ class Handler(exports.Handler):
         except Exception as e:  # noqa: BLE001 - Triton fails every request of the batch
             message = f"{type(e).__name__}: {e}" if not isinstance(
                 e, pb_utils.TritonModelException) else str(e)
-            return [wire.Err(_error("internal", message)) for _ in requests]
+            return [wire.Err(wire.error_to_wit("internal", message)) for _ in requests]
         if responses is None or len(responses) != len(requests):
             got = "None" if responses is None else str(len(responses))
             message = (f"execute returned {got} responses for {len(requests)} requests; "
                        "a model must return one InferenceResponse per request")
-            return [wire.Err(_error("internal", message)) for _ in requests]
+            return [wire.Err(wire.error_to_wit("internal", message)) for _ in requests]
         return [_to_wit(resp, req) for resp, req in zip(responses, wire_requests)]
 
     def finalize(self) -> None:
@@ -110,12 +84,13 @@ class Handler(exports.Handler):
 def _to_wit(response, request: "wire.WireRequest"):
     from componentize_py_types import Ok
     if not isinstance(response, pb_utils.InferenceResponse):
-        return wire.Err(_error("internal", f"execute returned a {type(response).__name__} "
-                                           "where an InferenceResponse is due"))
+        return wire.Err(wire.error_to_wit(
+            "internal", f"execute returned a {type(response).__name__} "
+                        "where an InferenceResponse is due"))
     if response.has_error():
         err = response.error()
         kind = pb_utils.ERROR_KINDS.get(err.code(), "internal")
-        return wire.Err(_error(kind, err.message()))
+        return wire.Err(wire.error_to_wit(kind, err.message()))
     wanted = set(request.requested_outputs)
     outputs = [t._wire.to_wit() for t in response._outputs
                if not wanted or t.name() in wanted]

@@ -8,6 +8,10 @@ test).
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
+
 try:
     from componentize_py_types import Err
     from wit_world.imports import inference as _inference
@@ -158,3 +162,31 @@ def infer(model: str, version, request: WireRequest):
 
 def log(level: str, message: str) -> None:
     _log.log(getattr(_log.Level, level.upper()), message)
+
+
+def error_to_wit(kind: str, message: str):
+    """The WIT `error` of a kind's name (`invalid-input`, ...)."""
+    return _types.Error(_types.ErrorKind[kind.upper().replace("-", "_")], message)
+
+
+def preimport_named_modules(module: str) -> None:
+    """Imports every module `module`'s source names, those imported inside functions too.
+
+    componentize-py runs the app module at build time and snapshots the interpreter: only
+    modules imported then exist at run time."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        return
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # the model fails the same way when it reaches the import: reported then

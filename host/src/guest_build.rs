@@ -4,6 +4,8 @@
 //! - A Triton Python model (`config.pbtxt` with `backend: "python"`, `<version>/model.py` and
 //!   its local modules): componentize-py (pinned) packs the model's folder, the
 //!   `triton_python_backend_utils` shim and the handler adapter (`guest-sdk-python/src`).
+//! - A Python handler written against the `tessera` module (`backend: "wasm"`,
+//!   `<version>/model.py` with a `tessera.Handler` class): the same, with that module's adapter.
 //! - A JavaScript handler (`backend: "wasm"`, `<version>/model.js`): componentize-qjs (pinned;
 //!   QuickJS, without the component model's async ABI) packs it with `@tessera/guest`
 //!   (`guest-sdk-js`).
@@ -55,9 +57,10 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
     };
     let (language, backend) = (*language, config.backend.as_str());
     match (language, backend) {
-        (Language::Python, "python") | (Language::JavaScript | Language::TypeScript, "wasm") => {}
+        (Language::Python, "python" | "wasm")
+        | (Language::JavaScript | Language::TypeScript, "wasm") => {}
         (Language::Python, _) => bail!(
-            "{}: a model.py is built for backend \"python\", and the backend is '{backend}'",
+            "{}: a model.py is built for backend \"python\" (Triton's TritonPythonModel) or \"wasm\" (a tessera.Handler), and the backend is '{backend}'",
             config_path.display()
         ),
         (Language::JavaScript | Language::TypeScript, _) => bail!(
@@ -93,8 +96,15 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
             let tool = componentize_py(tools.componentize_py.as_deref())?;
             let sdk = work.path().join("sdk");
             write_files(&sdk, PYTHON_SDK_FILES)?;
+            // backend "python": Triton's model.py on the pb_utils shim; "wasm": a handler
+            // written against the `tessera` module.
+            let app = if backend == "python" {
+                "tessera_triton_app"
+            } else {
+                "tessera_app"
+            };
             for (version, _) in &versions {
-                built.push(build_python(&tool, &wit, &sdk, version)?);
+                built.push(build_python(&tool, &wit, &sdk, version, app)?);
             }
         }
         Language::JavaScript | Language::TypeScript => {
@@ -107,7 +117,13 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
     Ok(built)
 }
 
-fn build_python(tool: &Path, wit: &Path, sdk: &Path, version: &Path) -> anyhow::Result<PathBuf> {
+fn build_python(
+    tool: &Path,
+    wit: &Path,
+    sdk: &Path,
+    version: &Path,
+    app: &str,
+) -> anyhow::Result<PathBuf> {
     let partial = version.join(".model.wasm.partial");
     // componentize-py compiles the model's modules in place, whatever PYTHONDONTWRITEBYTECODE
     // says; a __pycache__ that was not there before is removed afterwards.
@@ -123,7 +139,7 @@ fn build_python(tool: &Path, wit: &Path, sdk: &Path, version: &Path) -> anyhow::
         .arg(sdk.join("sandbox"))
         .arg("-p")
         .arg(version)
-        .arg("tessera_triton_app")
+        .arg(app)
         .arg("-o")
         .arg(&partial)
         .output()
@@ -233,10 +249,14 @@ fn finish(
         let _ = std::fs::remove_file(partial);
         let stderr = String::from_utf8_lossy(&run.stderr);
         let stdout = String::from_utf8_lossy(&run.stdout);
+        let said = format!("{stdout}{stderr}");
+        // componentize-py ends a failed build with its own Rust backtrace, after the Python
+        // traceback that says what went wrong.
+        let said = said.split("\nStack backtrace:").next().unwrap_or_default();
         bail!(
             "{tool} could not build {}:\n{}{}",
             source.display(),
-            tail(&format!("{stdout}{stderr}"), 40),
+            tail(said, 40),
             hint(&stderr)
         );
     }
@@ -412,6 +432,8 @@ mod tests {
         for module in [
             "triton_python_backend_utils.py",
             "tessera_triton_app.py",
+            "tessera_app.py",
+            "tessera.py",
             "tessera_wire.py",
             "tessera_ndarray.py",
             "sandbox/numpy/__init__.py",
@@ -443,8 +465,9 @@ mod tests {
         );
         std::fs::create_dir(model.join("1")).unwrap();
         std::fs::write(model.join("1/model.py"), "").unwrap();
+        config("onnxruntime");
         let e = build(model, &none)
-            .expect_err("python, backend wasm")
+            .expect_err("python, backend onnxruntime")
             .to_string();
         assert!(e.contains("for backend \"python\""), "{e}");
         config("python");

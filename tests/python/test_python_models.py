@@ -114,7 +114,11 @@ def python_server():
     shutil.copytree(repo / "add_sub", repo / "unbuilt")
     config = (repo / "unbuilt" / "config.pbtxt").read_text()
     (repo / "unbuilt" / "config.pbtxt").write_text(config.replace('"add_sub"', '"unbuilt"'))
-    for model in ("add_sub", "bls_sync", "bls_async", "sandbox_probe"):
+    # Handlers written against Tessera's own Python API (backend "wasm").
+    for model in ("add_sub_py", "bls_py"):
+        shutil.copytree(REPO_ROOT / "examples" / "python" / model, repo / model,
+                        ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
+    for model in ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py"):
         built = tessera_build(repo / model)
         assert built.returncode == 0, built.stderr
         assert (repo / model / "1" / "model.wasm").is_file()
@@ -124,7 +128,8 @@ def python_server():
                             ready_path="/v2/models/add_sub/ready", ready_timeout=240)
     ok = False
     try:
-        for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch"):
+        for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch",
+                      "add_sub_py", "bls_py"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
         yield srv
@@ -252,3 +257,51 @@ def test_a_python_model_deploys_to_the_running_server(python_server, tmp_path):
     a = np.array([3, 1, 4, 1], dtype=np.float32)
     result = client.infer("add_sub_deployed", add_sub_inputs(httpclient, a, a))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_handler_written_against_the_tessera_module_answers(python_server, protocol):
+    rng = np.random.default_rng(5)
+    a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
+    if protocol == "http":
+        module, client = httpclient, httpclient.InferenceServerClient(python_server.url)
+    else:
+        module = grpcclient
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+    result = client.infer("add_sub_py", add_sub_inputs(module, a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    only = client.infer("add_sub_py", add_sub_inputs(module, a, b),
+                        outputs=[module.InferRequestedOutput("OUTPUT0")])
+    assert only.as_numpy("OUTPUT1") is None
+
+
+@pytest.mark.parametrize("callee", ["pytorch", "add_sub_rust", "add_sub", "add_sub_py"])
+def test_a_tessera_module_bls_reaches_onnx_rust_and_python(python_server, callee):
+    client = httpclient.InferenceServerClient(python_server.url)
+    a = np.array([1.0, 2.5, -3.0, 0.25], dtype=np.float32)
+    b = np.array([4.0, -0.5, 3.0, 8.0], dtype=np.float32)
+    result = client.infer("bls_py", add_sub_inputs(httpclient, a, b, callee))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_a_tessera_module_bls_answers_with_the_callees_status(python_server):
+    client = httpclient.InferenceServerClient(python_server.url)
+    a = np.ones(4, dtype=np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("bls_py", add_sub_inputs(httpclient, a, a, "no_such_model"))
+    assert e.value.status() == "404" and "no_such_model" in e.value.message()
+
+
+def test_a_model_py_without_a_handler_class_fails_the_build_saying_so(tmp_path):
+    model = tmp_path / "no_handler"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "no_handler"\nbackend: "wasm"\n')
+    (model / "1" / "model.py").write_text("import tessera\n\nclass NotAHandler:\n    pass\n")
+    built = tessera_build(model)
+    assert built.returncode != 0
+    assert "exactly one class deriving from tessera.Handler (found: none)" in built.stderr, \
+        built.stderr
+    assert "Stack backtrace" not in built.stderr
+    assert not (model / "1" / "model.wasm").exists()
