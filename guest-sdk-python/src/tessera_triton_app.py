@@ -6,11 +6,18 @@ only modules imported then exist at run time, so every module the model's source
 imported here, even those it imports inside a function (`wire.preimport_named_modules`).
 
 componentize-py makes a new `Handler` object per call, so the model lives in a module global.
+One module serves both worlds: `Handler` for a model, `DecoupledHandler` for a decoupled model
+(`model_transaction_policy { decoupled: true }`), whichever the component was built for.
+
+The sandbox has one thread. `threading.Thread.start` runs the thread's function at once, to its
+end (Triton's decoupled examples send their responses from a thread they start in `execute`);
+`join` then returns at once and `is_alive` is False.
 """
 
 import asyncio
 import asyncio.base_events
 import json
+import threading
 import time
 import traceback
 
@@ -24,61 +31,131 @@ import model as _user_module  # the model's model.py (its version folder is on t
 
 wire.preimport_named_modules("model")
 
+
+def _run_thread_inline(thread, *_args, **_kwargs):
+    try:
+        thread.run()
+    except Exception as e:  # noqa: BLE001 - as an uncaught exception ends a thread: logged
+        wire.log("error", f"thread {thread.name} failed: {type(e).__name__}: {e}\n"
+                          f"{traceback.format_exc(limit=8)}")
+
+
+threading.Thread.start = _run_thread_inline
+threading.Thread.join = lambda thread, timeout=None: None
+threading.Thread.is_alive = lambda thread: False
+
 _model = None
-_state = {"name": "", "decoupled": False}
 
 
-class Handler(exports.Handler):
-    def initialize(self, config_json: str) -> None:
-        global _model
+def _initialize(config_json: str) -> None:
+    global _model
+    try:
+        config = json.loads(config_json)
+        name = config.get("name", "")
+        args = {
+            "model_config": config_json,
+            "model_instance_kind": "CPU",
+            "model_instance_name": f"{name}_0",
+            "model_instance_device_id": "0",
+            # The sandbox has no repository folder; the model's files are in the
+            # component (what the model's folder held at `tessera build`).
+            "model_repository": "",
+            "model_version": str(config.get("version", "")),
+            "model_name": name,
+        }
+        model = _user_module.TritonPythonModel()
+        if hasattr(model, "initialize"):
+            model.initialize(args)
+        _model = model
+    except Exception as e:  # noqa: BLE001 - reported as the load error, with the trace
+        raise wire.Err(f"initialize failed: {type(e).__name__}: {e}\n"
+                       f"{traceback.format_exc(limit=8)}") from None
+
+
+def _execute(pb_requests):
+    """The model's `execute` (plain or async) on a batch; raises what it raises."""
+    responses = _model.execute(pb_requests)
+    if asyncio.iscoroutine(responses):
+        responses = _run(responses)
+    return responses
+
+
+def _message(e: Exception) -> str:
+    return str(e) if isinstance(e, pb_utils.TritonModelException) else f"{type(e).__name__}: {e}"
+
+
+def _finalize() -> None:
+    if _model is not None and hasattr(_model, "finalize"):
         try:
-            config = json.loads(config_json)
-            name = config.get("name", "")
-            groups = config.get("instance_group") or [{}]
-            args = {
-                "model_config": config_json,
-                "model_instance_kind": "CPU",
-                "model_instance_name": f"{name}_0",
-                "model_instance_device_id": "0",
-                # The sandbox has no repository folder; the model's files are in the
-                # component (what the model's folder held at `tessera build`).
-                "model_repository": "",
-                "model_version": str(config.get("version", "")),
-                "model_name": name,
-            }
-            del groups
-            model = _user_module.TritonPythonModel()
-            if hasattr(model, "initialize"):
-                model.initialize(args)
-            _model = model
-        except Exception as e:  # noqa: BLE001 - reported as the load error, with the trace
-            raise wire.Err(f"initialize failed: {type(e).__name__}: {e}\n"
-                           f"{traceback.format_exc(limit=8)}") from None
+            _model.finalize()
+        except Exception as e:  # noqa: BLE001 - nothing to fail any more; logged
+            wire.log("error", f"finalize failed: {type(e).__name__}: {e}")
 
-    def execute(self, requests):
-        wire_requests = [wire.WireRequest.from_wit(r) for r in requests]
-        pb_requests = [pb_utils.InferenceRequest._from_wire(r) for r in wire_requests]
-        try:
-            responses = _model.execute(pb_requests)
-            if asyncio.iscoroutine(responses):
-                responses = _run(responses)
-        except Exception as e:  # noqa: BLE001 - Triton fails every request of the batch
-            message = f"{type(e).__name__}: {e}" if not isinstance(
-                e, pb_utils.TritonModelException) else str(e)
-            return [wire.Err(wire.error_to_wit("internal", message)) for _ in requests]
-        if responses is None or len(responses) != len(requests):
-            got = "None" if responses is None else str(len(responses))
-            message = (f"execute returned {got} responses for {len(requests)} requests; "
-                       "a model must return one InferenceResponse per request")
-            return [wire.Err(wire.error_to_wit("internal", message)) for _ in requests]
-        return [_to_wit(resp, req) for resp, req in zip(responses, wire_requests)]
 
-    def finalize(self) -> None:
-        if _model is not None and hasattr(_model, "finalize"):
+if hasattr(exports, "Handler"):  # the `model` world
+    class Handler(exports.Handler):
+        def initialize(self, config_json: str) -> None:
+            _initialize(config_json)
+
+        def execute(self, requests):
+            wire_requests = [wire.WireRequest.from_wit(r) for r in requests]
+            pb_requests = [pb_utils.InferenceRequest._from_wire(r) for r in wire_requests]
             try:
-                _model.finalize()
-            except Exception as e:  # noqa: BLE001 - nothing to fail any more; logged
-                wire.log("error", f"finalize failed: {type(e).__name__}: {e}")
+                responses = _execute(pb_requests)
+            except Exception as e:  # noqa: BLE001 - Triton fails every request of the batch
+                return [wire.Err(wire.error_to_wit("internal", _message(e))) for _ in requests]
+            if responses is None or len(responses) != len(requests):
+                got = "None" if responses is None else str(len(responses))
+                message = (f"execute returned {got} responses for {len(requests)} requests; "
+                           "a model must return one InferenceResponse per request")
+                return [wire.Err(wire.error_to_wit("internal", message)) for _ in requests]
+            return [_to_wit(resp, req) for resp, req in zip(responses, wire_requests)]
+
+        def finalize(self) -> None:
+            _finalize()
+
+
+if hasattr(exports, "DecoupledHandler"):  # the `decoupled-model` world
+    class DecoupledHandler(exports.DecoupledHandler):
+        """Triton's decoupled model: `execute` sends through each request's sender and returns
+        None. Its response threads run within `execute` (see `_run_thread_inline`), so when
+        `execute` returns, every stream the model did not end is ended with an error."""
+
+        def initialize(self, config_json: str) -> None:
+            _initialize(config_json)
+
+        def execute(self, requests):
+            pb_requests = []
+            for request, sender in requests:
+                wire_request = wire.WireRequest.from_wit(request)
+                pb_request = pb_utils.InferenceRequest._from_wire(wire_request)
+                pb_request._sender = pb_utils.InferenceResponseSender(
+                    wire.WireSender(sender), wire_request.requested_outputs)
+                pb_requests.append(pb_request)
+            failure = None
+            try:
+                returned = _execute(pb_requests)
+                if returned is not None:
+                    failure = ("a decoupled model's execute must return None and send its "
+                               "responses through request.get_response_sender()")
+            except Exception as e:  # noqa: BLE001 - ends every open stream of the batch
+                failure = _message(e)
+            for pb_request in pb_requests:
+                sender = pb_request._sender._sender
+                if sender.final_sent:
+                    continue
+                try:
+                    sender.send_error("internal", failure or
+                                      "execute returned before the final response was sent "
+                                      "(send flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)")
+                except wire.SendError:
+                    pass  # the caller has gone
+
+        def resume(self):
+            return None  # nothing runs between batches: the streams ended within execute
+
+        def finalize(self) -> None:
+            _finalize()
 
 
 def _to_wit(response, request: "wire.WireRequest"):

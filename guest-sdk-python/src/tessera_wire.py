@@ -24,6 +24,10 @@ except ImportError:  # on the host, in the shim's tests
         def __init__(self, value):
             super().__init__(value)
             self.value = value
+try:  # only a decoupled model's world imports `streaming`
+    from wit_world.imports import streaming as _streaming
+except ImportError:
+    _streaming = None
 
 # KServe datatype -> (numpy type name, bytes per element)
 NUMPY_NAMES = {
@@ -162,6 +166,47 @@ def infer(model: str, version, request: WireRequest):
 
 def log(level: str, message: str) -> None:
     _log.log(getattr(_log.Level, level.upper()), message)
+
+
+class SendError(Exception):
+    """A send that did not go through: `cancelled` (the caller has gone), `closed` (the final
+    response was sent already) or `too-large`."""
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.kind = kind
+
+
+class WireSender:
+    """The WIT `response-sender` of one request of a decoupled model (or, on the host, the
+    object the test gives)."""
+
+    __slots__ = ("_sender", "final_sent")
+
+    def __init__(self, sender):
+        self._sender, self.final_sent = sender, False
+
+    def _check(self, result_of):
+        try:
+            result_of()
+        except Err as e:
+            raise SendError(error_kind_name(e.value)) from None
+
+    def send(self, outputs: list, parameters: dict, final: bool) -> None:
+        response = _types.Response([t.to_wit() for t in outputs], parameters_to_wit(parameters))
+        self._check(lambda: self._sender.send(response, final))
+        self.final_sent = self.final_sent or final
+
+    def send_error(self, kind: str, message: str) -> None:
+        self._check(lambda: self._sender.send_error(error_to_wit(kind, message)))
+        self.final_sent = True
+
+    def finish(self) -> None:
+        self._check(self._sender.finish)
+        self.final_sent = True
+
+    def is_cancelled(self) -> bool:
+        return bool(self._sender.is_cancelled())
 
 
 def error_to_wit(kind: str, message: str):

@@ -43,6 +43,9 @@ TRITONSERVER_TYPE_FP64 = 12
 TRITONSERVER_TYPE_BYTES = 13
 TRITONSERVER_TYPE_BF16 = 14
 
+# A response's flags (InferenceResponseSender.send).
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
 # KServe datatype, Triton's config name, TRITONSERVER_TYPE, numpy type name.
 _TYPES = [
     ("BOOL", "TYPE_BOOL", TRITONSERVER_TYPE_BOOL, "bool_"),
@@ -273,6 +276,7 @@ class InferenceRequest:
         if isinstance(parameters, str):
             parameters = json.loads(parameters)
         self._parameters = dict(parameters or {})
+        self._sender = None  # a decoupled model's request: its InferenceResponseSender
 
     @classmethod
     def _from_wire(cls, request: "wire.WireRequest") -> "InferenceRequest":
@@ -315,12 +319,15 @@ class InferenceRequest:
         return json.dumps(self._parameters)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the caller has gone (a decoupled model's request; others: False)."""
+        return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self):
-        raise TritonModelException(
-            "get_response_sender() needs a decoupled model (model_transaction_policy "
-            "{ decoupled: true }); decoupled Python models are not built by `tessera build` yet")
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() needs a decoupled model (model_transaction_policy "
+                "{ decoupled: true })")
+        return self._sender
 
     def exec(self, decoupled=False):
         """Calls the model through the server's queue; an error comes back in the response."""
@@ -380,6 +387,48 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         return json.dumps(self._parameters)
+
+
+class InferenceResponseSender:
+    """Where a decoupled model's responses to one request go (`request.get_response_sender()`).
+
+    `send(response)` sends one response; `send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)`
+    ends the stream (with `response`, it is the last one). A response with an error ends the
+    stream with that error. The host buffers a few responses per caller: while they are unread,
+    `send` waits, so a slow reader slows the model instead of growing memory."""
+
+    def __init__(self, sender: "wire.WireSender", requested_outputs):
+        self._sender = sender
+        self._requested = set(requested_outputs or [])
+
+    def send(self, response=None, flags=0):
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self._sender.final_sent:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed.")
+        try:
+            if response is None:
+                if not final:
+                    raise TritonModelException(
+                        "send() needs a response unless flags is TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+                self._sender.finish()
+            elif response.has_error():
+                err = response.error()
+                self._sender.send_error(ERROR_KINDS.get(err.code(), "internal"), err.message())
+            else:
+                outputs = [t._wire for t in response._outputs
+                           if not self._requested or t.name() in self._requested]
+                self._sender.send(outputs, response._parameters, final)
+        except wire.SendError as e:
+            raise TritonModelException(
+                {"cancelled": "the request was cancelled: its caller has gone",
+                 "closed": "Unable to send response. Response sender has been closed.",
+                 "too-large": "the response is over the model's output limit "
+                              "(max_output_bytes); the caller got an error instead"}
+                .get(e.kind, e.kind)) from None
+
+    def is_cancelled(self) -> bool:
+        return self._sender.is_cancelled()
 
 
 # --- logging and metrics ----------------------------------------------------------------------

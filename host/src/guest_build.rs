@@ -74,13 +74,13 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
             dir.display()
         );
     }
-    if config
+    let decoupled = config
         .model_transaction_policy
         .as_ref()
-        .is_some_and(|p| p.decoupled)
-    {
+        .is_some_and(|p| p.decoupled);
+    if decoupled && !(language == Language::Python && backend == "python") {
         bail!(
-            "{}: decoupled handlers in Python or JavaScript are not built yet; write the handler in Rust (docs/writing-handlers.md)",
+            "{}: decoupled handlers are built from Triton model.py files (backend \"python\") only, not yet from the tessera module or JavaScript; write the handler in Rust (docs/writing-handlers.md)",
             config_path.display()
         );
     }
@@ -103,8 +103,13 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
             } else {
                 "tessera_app"
             };
+            let world = if decoupled {
+                "decoupled-model"
+            } else {
+                "model"
+            };
             for (version, _) in &versions {
-                built.push(build_python(&tool, &wit, &sdk, version, app)?);
+                built.push(build_python(&tool, &wit, &sdk, version, world, app)?);
             }
         }
         Language::JavaScript | Language::TypeScript => {
@@ -122,6 +127,7 @@ fn build_python(
     wit: &Path,
     sdk: &Path,
     version: &Path,
+    world: &str,
     app: &str,
 ) -> anyhow::Result<PathBuf> {
     let partial = version.join(".model.wasm.partial");
@@ -132,7 +138,7 @@ fn build_python(
     let run = Command::new(tool)
         .arg("-d")
         .arg(wit)
-        .args(["-w", "model", "componentize", "-p"])
+        .args(["-w", world, "componentize", "-p"])
         .arg(sdk)
         // `import numpy` finds the sandbox's stand-in.
         .arg("-p")
@@ -497,5 +503,31 @@ mod tests {
         let h = hint("ModuleNotFoundError: No module named 'helpers'\n");
         assert!(h.contains("helpers.py"), "{h}");
         assert!(hint("some other failure").is_empty());
+    }
+
+    #[test]
+    fn decoupled_is_built_only_for_tritons_model_py() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path();
+        std::fs::create_dir(model.join("1")).unwrap();
+        for (source, backend) in [("model.py", "wasm"), ("model.js", "wasm")] {
+            let _ = std::fs::remove_file(model.join("1/model.py"));
+            let _ = std::fs::remove_file(model.join("1/model.js"));
+            std::fs::write(model.join("1").join(source), "").unwrap();
+            std::fs::write(
+                model.join("config.pbtxt"),
+                format!(
+                    "name: \"m\"\nbackend: \"{backend}\"\nmodel_transaction_policy {{ decoupled: true }}\n"
+                ),
+            )
+            .unwrap();
+            let e = build(model, &Tools::default())
+                .expect_err("decoupled")
+                .to_string();
+            assert!(
+                e.contains("decoupled handlers are built from Triton model.py files"),
+                "{source}: {e}"
+            );
+        }
     }
 }

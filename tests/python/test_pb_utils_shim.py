@@ -383,3 +383,66 @@ def test_what_the_sandbox_numpy_lacks_is_named():
         snp.einsum("ii", snp.zeros((2, 2)))
     with pytest.raises(tnp.NotInSandbox):
         snp.argsort(snp.zeros((2, 2)), axis=0)
+
+
+class _FakeWireSender:
+    """wire.WireSender's contract, recording what the host would receive."""
+
+    def __init__(self, cancelled=False):
+        self.sent, self.final_sent, self.cancelled = [], False, cancelled
+
+    def send(self, outputs, parameters, final):
+        if self.cancelled:
+            raise wire.SendError("cancelled")
+        self.sent.append(("response", [t.name for t in outputs], final))
+        self.final_sent = self.final_sent or final
+
+    def send_error(self, kind, message):
+        self.sent.append(("error", kind, message))
+        self.final_sent = True
+
+    def finish(self):
+        self.sent.append(("finish",))
+        self.final_sent = True
+
+    def is_cancelled(self):
+        return self.cancelled
+
+
+def test_the_response_sender_sends_as_tritons():
+    fake = _FakeWireSender()
+    sender = pb_utils.InferenceResponseSender(fake, requested_outputs=["A"])
+    a = pb_utils.Tensor("A", np.array([1], np.int32))
+    b = pb_utils.Tensor("B", np.array([2], np.int32))
+    sender.send(pb_utils.InferenceResponse(output_tensors=[a, b]))  # B was not asked for
+    sender.send(pb_utils.InferenceResponse(output_tensors=[a]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert fake.sent == [("response", ["A"], False), ("response", ["A"], True)]
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        sender.send(pb_utils.InferenceResponse(output_tensors=[a]))
+
+    flags_only = _FakeWireSender()
+    pb_utils.InferenceResponseSender(flags_only, []).send(
+        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert flags_only.sent == [("finish",)]
+    with pytest.raises(pb_utils.TritonModelException, match="needs a response"):
+        pb_utils.InferenceResponseSender(_FakeWireSender(), []).send()
+
+    erring = _FakeWireSender()
+    error = pb_utils.TritonError("no such thing", pb_utils.TritonError.NOT_FOUND)
+    pb_utils.InferenceResponseSender(erring, []).send(pb_utils.InferenceResponse(error=error))
+    assert erring.sent == [("error", "model-not-found", "no such thing")]
+
+
+def test_a_cancelled_request_says_so_and_refuses_sends():
+    fake = _FakeWireSender(cancelled=True)
+    request = pb_utils.InferenceRequest(inputs=[])
+    assert request.is_cancelled() is False  # not a decoupled model's request
+    with pytest.raises(pb_utils.TritonModelException, match="needs a decoupled model"):
+        request.get_response_sender()
+    request._sender = pb_utils.InferenceResponseSender(fake, [])
+    assert request.is_cancelled() is True
+    assert request.get_response_sender().is_cancelled() is True
+    with pytest.raises(pb_utils.TritonModelException, match="its caller has gone"):
+        request.get_response_sender().send(
+            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("A", np.zeros(1))]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,13 @@ UPSTREAM = {
     "clients/add_sub_client.py": "5609f82cebe6fc1b562aed228dbe791a24db3a7e0087706380624c9ecb3b7810",
     "clients/sync_client.py": "74ed6e3fb2522cdf89fbbc27c0dbb71f0cd467fde9027401576172776decd3c8",
     "clients/async_client.py": "20d82530417b19e89fb52628799521a1b7f32dd01eaecbfad51987af4522e00e",
+    # examples/decoupled: square_model.py, repeat_model.py, their configs and clients.
+    "repository/square_int32/1/model.py": "8a6b6f82ddea3fcec7a0a47c67490780ef0d7aba588e44606da8edbae9df4288",
+    "repository/repeat_int32/1/model.py": "c4eead9d61829b993e17aa2e631c5acf10f3df9342ae611e227184f2253d5725",
+    "repository/square_int32/config.pbtxt": "cd68891b174ef23f2515187ae3ca97bb014e38a751ad62ad8d1eb8959f8531e0",
+    "repository/repeat_int32/config.pbtxt": "d5e673f285a628d78a9e0cb12d4e994bff57180916c443bc8992a196cc27d18a",
+    "clients/square_client.py": "d4a678870f8ed629a8065b97bd5eca1686987febcbe3b77bfebfae315e191c30",
+    "clients/repeat_client.py": "3f274e597fd271dfa18e0c3d93b76cb45dc6ea0e6e5b10bbee3d39e6aef3fcb0",
 }
 
 # A Triton-style model.py that misbehaves on request: MODE picks how.
@@ -82,6 +90,51 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
         return responses
 '''
+# A decoupled model.py whose MODE picks how its stream ends.
+DECOUPLED_PROBE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def text(s):
+    tensor = pb_utils.Tensor("OUT", np.array([s.encode()], dtype=np.object_))
+    return pb_utils.InferenceResponse(output_tensors=[tensor])
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
+            sender = request.get_response_sender()
+            if mode == "raise":
+                sender.send(text("before"))
+                raise pb_utils.TritonModelException("raised on purpose")
+            if mode == "no-final":
+                sender.send(text("only"))
+                continue
+            if mode == "error":
+                error = pb_utils.TritonError("bad value", pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+                continue
+            for word in mode.split():
+                sender.send(text(word))
+            sender.send(flags=FINAL)
+            try:
+                sender.send(text("after the final"))
+            except pb_utils.TritonModelException as e:
+                pb_utils.Logger.log_info(f"refused: {e}")
+        return None
+'''
+DECOUPLED_PROBE_CONFIG = '''
+name: "decoupled_probe"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+'''
 PROBE_CONFIG = '''
 name: "sandbox_probe"
 backend: "python"
@@ -109,6 +162,9 @@ def python_server():
     (repo / "sandbox_probe" / "1").mkdir(parents=True)
     (repo / "sandbox_probe" / "config.pbtxt").write_text(PROBE_CONFIG)
     (repo / "sandbox_probe" / "1" / "model.py").write_text(PROBE)
+    (repo / "decoupled_probe" / "1").mkdir(parents=True)
+    (repo / "decoupled_probe" / "config.pbtxt").write_text(DECOUPLED_PROBE_CONFIG)
+    (repo / "decoupled_probe" / "1" / "model.py").write_text(DECOUPLED_PROBE)
     add_rust_add_sub(repo)
     # A Python model nobody built: refused at load, naming the command that builds it.
     shutil.copytree(repo / "add_sub", repo / "unbuilt")
@@ -118,7 +174,8 @@ def python_server():
     for model in ("add_sub_py", "bls_py"):
         shutil.copytree(REPO_ROOT / "examples" / "python" / model, repo / model,
                         ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
-    for model in ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py"):
+    for model in ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py",
+                  "square_int32", "repeat_int32", "decoupled_probe"):
         built = tessera_build(repo / model)
         assert built.returncode == 0, built.stderr
         assert (repo / model / "1" / "model.wasm").is_file()
@@ -129,7 +186,8 @@ def python_server():
     ok = False
     try:
         for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch",
-                      "add_sub_py", "bls_py"):
+                      "add_sub_py", "bls_py", "square_int32", "repeat_int32",
+                      "decoupled_probe"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
         yield srv
@@ -191,13 +249,19 @@ def test_bls_async_model_py_gathers_two_models(python_server):
 
 @pytest.mark.parametrize("script,passed", [("add_sub_client.py", "PASS: add_sub"),
                                            ("sync_client.py", "PASS: BLS Sync"),
-                                           ("async_client.py", "PASS: BLS Async")])
+                                           ("async_client.py", "PASS: BLS Async"),
+                                           # decoupled: gRPC streams, threads in the model
+                                           ("square_client.py", "PASS: square_int32"),
+                                           ("repeat_client.py", "PASS: repeat_int32")])
 def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
-    # Triton's client, with only its server address changed (it calls localhost:8000).
+    # Triton's client, with only its server address changed (localhost:8000 or :8001).
     source = (EXAMPLES / "clients" / script).read_text()
-    assert source.count('"localhost:8000"') == 1
+    ports = {'"localhost:8000"': python_server.http_port, '"localhost:8001"': python_server.grpc_port}
+    assert sum(source.count(address) for address in ports) == 1
     patched = tmp_path / script
-    patched.write_text(source.replace('"localhost:8000"', f'"127.0.0.1:{python_server.http_port}"'))
+    for address, port in ports.items():
+        source = source.replace(address, f'"127.0.0.1:{port}"')
+    patched.write_text(source)
     run = subprocess.run([sys.executable, str(patched)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert passed in run.stdout
@@ -305,3 +369,45 @@ def test_a_model_py_without_a_handler_class_fails_the_build_saying_so(tmp_path):
         built.stderr
     assert "Stack backtrace" not in built.stderr
     assert not (model / "1" / "model.wasm").exists()
+
+
+def _stream(srv, mode: str) -> list:
+    """The decoupled probe's stream for MODE: ("OUT" text | "error: ..."), until the final."""
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("MODE", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+        client.async_stream_infer("decoupled_probe", [tensor], enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                got.append(f"error: {error.message()}")
+                return got
+            response = result.get_response()
+            out = result.as_numpy("OUT")
+            if out is not None:
+                got.append(out[0].decode())
+            if response.parameters["triton_final_response"].bool_param:
+                return got
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_decoupled_model_py_streams_through_its_response_sender(python_server):
+    assert _stream(python_server, "one two three") == ["one", "two", "three"]
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("raise", ["before", "error: raised on purpose"]),
+    ("no-final", ["only", "error: execute returned before the final response was sent"]),
+    ("error", ["error: bad value"]),
+])
+def test_a_decoupled_model_py_ends_its_stream_with_the_error(python_server, mode, expected):
+    got = _stream(python_server, mode)
+    assert got[:-1] == expected[:-1] and got[-1].startswith(expected[-1]), got
+    # The model serves the next stream as before.
+    assert _stream(python_server, "again") == ["again"]
