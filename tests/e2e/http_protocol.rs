@@ -45,7 +45,7 @@ async fn health_metadata_and_config() {
     assert_eq!(status, 200);
     assert_eq!(config["max_batch_size"], 8);
     assert_eq!(config["input"][1]["data_type"], "TYPE_FP32");
-    assert_eq!(config["input"][1]["dims"], json!(["16"]));
+    assert_eq!(config["input"][1]["dims"], json!([16]));
     assert_eq!(config["instance_group"][0]["kind"], "KIND_CPU");
 }
 

@@ -133,7 +133,7 @@ async fn broken_models_do_not_stop_the_others() {
     let (status, config) = s.get("/v2/models/derived/config").await;
     assert_eq!(status, 200);
     assert_eq!(config["max_batch_size"], 4);
-    assert_eq!(config["input"][0]["dims"], serde_json::json!(["16"]));
+    assert_eq!(config["input"][0]["dims"], serde_json::json!([16]));
     let (status, err) = s.infer("typo", serde_json::json!([])).await;
     assert_eq!(status, 503, "{err}");
     assert!(

@@ -167,11 +167,12 @@ def test_load_with_files_deploys_a_new_model(explicit):
 def test_a_broken_reload_keeps_the_old_version_serving(explicit):
     _, client = explicit
     config = client.get_model_config("add_sub")
-    config["input"][0]["dims"] = ["15"]  # does not match the ONNX file
+    assert config["input"][0]["dims"] == [16]  # numbers, as Triton writes them
+    config["input"][0]["dims"] = ["15"]  # does not match the ONNX file (strings are taken too)
     with pytest.raises(InferenceServerException, match="unchanged"):
         client.load_model("add_sub", config=json.dumps(config))
     assert client.is_model_ready("add_sub")
-    assert client.get_model_config("add_sub")["input"][0]["dims"] == ["16"]
+    assert client.get_model_config("add_sub")["input"][0]["dims"] == [16]
     total, _ = infer_add_sub(client, "add_sub", A, B)
     np.testing.assert_allclose(total, A + B)
 

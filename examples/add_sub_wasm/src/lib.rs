@@ -20,7 +20,7 @@ fn configured_shape(config: &ModelConfig) -> Option<Vec<i64>> {
         .as_array()?
         .iter()
         .find(|i| i.get("name").and_then(|n| n.as_str()) == Some("INPUT0"))?;
-    // Triton's JSON writes int64 dims as strings.
+    // Numbers, as Triton writes them; strings (protobuf's JSON mapping) are taken too.
     let dims: Option<Vec<i64>> = input
         .get("dims")?
         .as_array()?

@@ -164,9 +164,12 @@ pub fn to_json(config: &ModelConfig) -> serde_json::Value {
     if message.transcode_from(config).is_err() {
         return serde_json::Value::Null;
     }
+    // 64-bit integers (dims, reshape, timeouts...) as numbers, as Triton writes them
+    // (ModelConfigToJson fixes protobuf's strings): a model.py compares `dims[0] != 1`.
     let options = SerializeOptions::new()
         .use_proto_field_name(true)
-        .skip_default_fields(false);
+        .skip_default_fields(false)
+        .stringify_64_bit_integers(false);
     message
         .serialize_with_options(serde_json::value::Serializer, &options)
         .unwrap_or(serde_json::Value::Null)
@@ -426,7 +429,7 @@ mod tests {
         assert_eq!(json["name"], "m");
         assert_eq!(json["max_batch_size"], 4);
         assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
-        assert_eq!(json["input"][0]["dims"][0], "3");
+        assert_eq!(json["input"][0]["dims"][0], 3);
     }
 
     #[test]
