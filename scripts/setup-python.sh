@@ -31,6 +31,8 @@ PINS=(
   # `tessera build` makes Wasm components of Triton model.py files with it (pinned in
   # host/src/python_build.rs too).
   "componentize-py==0.25.1"
+  # deploy/'s Kubernetes manifests are checked against the Kubernetes schemas it carries.
+  "kubernetes-validate==1.37.0"
 )
 
 if [ ! -x .venv/bin/python ]; then
