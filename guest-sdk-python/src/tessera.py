@@ -16,7 +16,8 @@ A handler is a class deriving from `tessera.Handler` in `<version>/model.py`, in
             return tessera.Response({"OUTPUT0": a + b, "OUTPUT1": a - b})
 
 `execute` answers one request; a batch's requests are answered one by one, and an error
-answers only the request that raised it. A handler that wants the whole batch at once defines
+answers only the request that raised it. In a decoupled model `execute` may `yield` responses:
+each is streamed to the caller as it comes. A handler that wants the whole batch at once defines
 `execute_batch(requests)` instead. (Triton's `model.py` files with `TritonPythonModel` keep
 `backend: "python"` and run on the `triton_python_backend_utils` shim.)
 """
@@ -296,7 +297,10 @@ class Handler:
         with its message."""
 
     def execute(self, request: Request) -> Response | Mapping[str, Any]:
-        """Answers one request: a Response, or a dict of outputs."""
+        """Answers one request: a Response, or a dict of outputs. In a decoupled model
+        (`model_transaction_policy { decoupled: true }`) it may be a generator: each response
+        it yields is streamed as it comes, and the stream ends when it returns (or with the
+        error it raises). A caller that goes away stops it at its next `yield`."""
         raise Internal(f"{type(self).__name__} defines neither execute nor execute_batch")
 
     def execute_batch(self, requests: list[Request]) -> list[Response | Error]:

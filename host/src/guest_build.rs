@@ -78,9 +78,9 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
         .model_transaction_policy
         .as_ref()
         .is_some_and(|p| p.decoupled);
-    if decoupled && !(language == Language::Python && backend == "python") {
+    if decoupled && language != Language::Python {
         bail!(
-            "{}: decoupled handlers are built from Triton model.py files (backend \"python\") only, not yet from the tessera module or JavaScript; write the handler in Rust (docs/writing-handlers.md)",
+            "{}: decoupled handlers are built from Python (a Triton model.py, or a tessera.Handler whose execute yields), not yet from JavaScript or TypeScript; write the handler in Python or Rust (docs/writing-handlers.md)",
             config_path.display()
         );
     }
@@ -506,13 +506,13 @@ mod tests {
     }
 
     #[test]
-    fn decoupled_is_built_only_for_tritons_model_py() {
+    fn decoupled_is_not_built_from_javascript_yet() {
         let dir = tempfile::tempdir().expect("tempdir");
         let model = dir.path();
         std::fs::create_dir(model.join("1")).unwrap();
-        for (source, backend) in [("model.py", "wasm"), ("model.js", "wasm")] {
-            let _ = std::fs::remove_file(model.join("1/model.py"));
+        for (source, backend) in [("model.js", "wasm"), ("model.ts", "wasm")] {
             let _ = std::fs::remove_file(model.join("1/model.js"));
+            let _ = std::fs::remove_file(model.join("1/model.ts"));
             std::fs::write(model.join("1").join(source), "").unwrap();
             std::fs::write(
                 model.join("config.pbtxt"),
@@ -525,7 +525,7 @@ mod tests {
                 .expect_err("decoupled")
                 .to_string();
             assert!(
-                e.contains("decoupled handlers are built from Triton model.py files"),
+                e.contains("decoupled handlers are built from Python"),
                 "{source}: {e}"
             );
         }

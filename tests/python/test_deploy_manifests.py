@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate

@@ -8,11 +8,9 @@ The reference is llama.cpp itself through `llama-cpp-2` with no server
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 

@@ -171,22 +171,23 @@ def python_server():
     config = (repo / "unbuilt" / "config.pbtxt").read_text()
     (repo / "unbuilt" / "config.pbtxt").write_text(config.replace('"add_sub"', '"unbuilt"'))
     # Handlers written against Tessera's own Python API (backend "wasm").
-    for model in ("add_sub_py", "bls_py"):
+    for model in ("add_sub_py", "bls_py", "count_py"):
         shutil.copytree(REPO_ROOT / "examples" / "python" / model, repo / model,
                         ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
     for model in ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py",
-                  "square_int32", "repeat_int32", "decoupled_probe"):
+                  "count_py", "square_int32", "repeat_int32", "decoupled_probe"):
         built = tessera_build(repo / model)
         assert built.returncode == 0, built.stderr
         assert (repo / model / "1" / "model.wasm").is_file()
         assert not (repo / model / "1" / "__pycache__").exists(), "the build left __pycache__"
     srv, proc, log = launch(binary(), ["--model-repository", str(repo)],
-                            # Each Python model compiles CPython anew: ~16 s on 2 cores.
-                            ready_path="/v2/models/add_sub/ready", ready_timeout=240)
+                            # Ten Python models: the first compiles CPython (~16 s on 2 cores),
+                            # the next reuse most of it (--wasm-function-cache-bytes).
+                            ready_path="/v2/models/add_sub/ready", ready_timeout=600)
     ok = False
     try:
         for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch",
-                      "add_sub_py", "bls_py", "square_int32", "repeat_int32",
+                      "add_sub_py", "bls_py", "count_py", "square_int32", "repeat_int32",
                       "decoupled_probe"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
@@ -202,8 +203,11 @@ def test_the_triton_files_are_upstream_byte_for_byte():
         assert hashlib.sha256((EXAMPLES / relative).read_bytes()).hexdigest() == digest, relative
 
 
+# add_sub: Triton's model.py on pb_utils (backend "python"); add_sub_py: the tessera module
+# (backend "wasm").
+@pytest.mark.parametrize("model,backend", [("add_sub", "python"), ("add_sub_py", "wasm")])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_add_sub_model_py_answers_through_tritonclient(python_server, protocol):
+def test_add_sub_model_py_answers_through_tritonclient(python_server, protocol, model, backend):
     rng = np.random.default_rng(7)
     a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
     if protocol == "http":
@@ -211,13 +215,16 @@ def test_add_sub_model_py_answers_through_tritonclient(python_server, protocol):
     else:
         module = grpcclient
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
-    result = client.infer("add_sub", add_sub_inputs(module, a, b))
+    result = client.infer(model, add_sub_inputs(module, a, b))
     assert result.as_numpy("OUTPUT0").dtype == np.float32
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    config = client.get_model_config("add_sub")
-    backend = config["backend"] if protocol == "http" else config.config.backend
-    assert backend == "python"
+    only = client.infer(model, add_sub_inputs(module, a, b),
+                        outputs=[module.InferRequestedOutput("OUTPUT0")])
+    assert only.as_numpy("OUTPUT1") is None
+    config = client.get_model_config(model)
+    configured = config["backend"] if protocol == "http" else config.config.backend
+    assert configured == backend
 
 
 @pytest.mark.parametrize("callee", ["add_sub", "pytorch", "add_sub_rust"])
@@ -323,23 +330,6 @@ def test_a_python_model_deploys_to_the_running_server(python_server, tmp_path):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros(4, dtype=np.float32))
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_handler_written_against_the_tessera_module_answers(python_server, protocol):
-    rng = np.random.default_rng(5)
-    a, b = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
-    if protocol == "http":
-        module, client = httpclient, httpclient.InferenceServerClient(python_server.url)
-    else:
-        module = grpcclient
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
-    result = client.infer("add_sub_py", add_sub_inputs(module, a, b))
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    only = client.infer("add_sub_py", add_sub_inputs(module, a, b),
-                        outputs=[module.InferRequestedOutput("OUTPUT0")])
-    assert only.as_numpy("OUTPUT1") is None
-
-
 @pytest.mark.parametrize("callee", ["pytorch", "add_sub_rust", "add_sub", "add_sub_py"])
 def test_a_tessera_module_bls_reaches_onnx_rust_and_python(python_server, callee):
     client = httpclient.InferenceServerClient(python_server.url)
@@ -411,3 +401,35 @@ def test_a_decoupled_model_py_ends_its_stream_with_the_error(python_server, mode
     assert got[:-1] == expected[:-1] and got[-1].startswith(expected[-1]), got
     # The model serves the next stream as before.
     assert _stream(python_server, "again") == ["again"]
+
+
+def _events(srv, model: str, body: dict) -> list[dict]:
+    status, _, raw = srv.request("POST", f"/v2/models/{model}/generate_stream",
+                                 json.dumps(body).encode())
+    assert status == 200, raw
+    return [json.loads(line[len("data: "):]) for line in raw.decode().splitlines()
+            if line.startswith("data: ")]
+
+
+def test_a_tessera_module_generator_streams_each_yield(python_server):
+    events = _events(python_server, "count_py", {"TEXT": "héllo wide 世界"})
+    assert [(e["WORD"], e["INDEX"]) for e in events] == [("héllo", 0), ("wide", 1), ("世界", 2)]
+    # Over gRPC too, as a decoupled model's stream.
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        text = grpcclient.InferInput("TEXT", [1], "BYTES")
+        text.set_data_from_numpy(np.array(["a b".encode()], dtype=np.object_))
+        client.async_stream_infer("count_py", [text])
+        got = [answers.get(timeout=30) for _ in range(2)]
+        assert [r.as_numpy("WORD")[0] for r, e in got] == [b"a", b"b"], got
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_tessera_module_generator_ends_its_stream_with_its_error(python_server):
+    assert _events(python_server, "count_py", {"TEXT": "   "}) == [{"error": "TEXT has no words"}]
+    assert [e["WORD"] for e in _events(python_server, "count_py", {"TEXT": "still here"})] == \
+        ["still", "here"]

@@ -5,7 +5,6 @@ slots, a reload, and Triton's errors for requests outside a sequence.
 """
 from __future__ import annotations
 
-import http.client
 import threading
 import time
 import uuid
