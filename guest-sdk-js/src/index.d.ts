@@ -42,7 +42,7 @@ export function invalidInput(message: string): HandlerError;
 export function internal(message: string): HandlerError;
 export function modelNotFound(message: string): HandlerError;
 
-/** The model's config.pbtxt as Triton's JSON (int64 fields are strings). */
+/** The model's config.pbtxt as Triton's JSON (64-bit integers as numbers, as Triton writes them). */
 export type ModelConfig = Record<string, any>;
 
 export interface ModelSpec {
@@ -55,6 +55,16 @@ export interface ModelSpec {
 }
 /** The `handler` export: `export const handler = model({...})`. */
 export function model(spec: ModelSpec): unknown;
+
+export interface StreamingSpec {
+  initialize?(config: ModelConfig): void;
+  /** One request: a generator yields the stream's responses; a plain function gives one. */
+  executeRequest(request: Request, config: ModelConfig): Iterator<Response> | Response;
+  finalize?(): void;
+}
+/** The `decoupled-handler` export of a decoupled model:
+ * `export const decoupledHandler = streaming({...})`. */
+export function streaming(spec: StreamingSpec): unknown;
 
 export function input(request: Request, name: string): Tensor;
 export function wantsOutput(request: Request, name: string): boolean;

@@ -1,6 +1,7 @@
 // @tessera/guest: Tessera handlers in JavaScript, over the WIT of `wit/tessera.wit`.
 //
-// A handler module exports `handler` (the WIT `handler` interface) made by `model({...})`:
+// A handler module exports `handler` (the WIT `handler` interface) made by `model({...})`, or,
+// for a decoupled model, `decoupledHandler` made by `streaming({...})`:
 //
 //   import { model, asF32, fromF32, invalidInput } from "@tessera/guest";
 //   export const handler = model({
@@ -89,6 +90,79 @@ export function model({ initialize, execute, executeRequest, finalize }) {
 
 function response(r) {
   return { outputs: r?.outputs ?? [], parameters: r?.parameters ?? [] };
+}
+
+/**
+ * The decoupled handler export (`model_transaction_policy { decoupled: true }`):
+ * `export const decoupledHandler = streaming({...})`. `executeRequest(request, config)` may be
+ * a generator (`function*`): each response it yields goes to the caller as it comes, and the
+ * stream ends when it returns; a thrown error ends the stream with that error. A plain function
+ * answers with one response, its last. A caller that goes away stops the generator at its next
+ * `yield`. A batch's requests stream one after another.
+ */
+export function streaming({ initialize, executeRequest, finalize }) {
+  let config = null;
+  return {
+    initialize(configJson) {
+      config = JSON.parse(configJson);
+      if (initialize) {
+        try {
+          initialize(config);
+        } catch (e) {
+          throw e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+        }
+      }
+    },
+    execute(pairs) {
+      for (const [request, sender] of pairs) {
+        try {
+          stream(executeRequest, request, sender, config);
+        } finally {
+          sender[Symbol.dispose]?.();
+        }
+      }
+    },
+    resume() {
+      return null; // every stream ended within execute
+    },
+    finalize() {
+      if (finalize) finalize();
+    },
+  };
+}
+
+/** A send that did not go through: the caller has gone or the stream has ended. */
+class SendFailed {}
+
+function stream(executeRequest, request, sender, config) {
+  const send = (r, final) => {
+    try {
+      sender.send(response(r), final);
+    } catch (e) {
+      throw new SendFailed(e);
+    }
+  };
+  let produced = null;
+  try {
+    produced = executeRequest(request, config);
+    if (produced == null || typeof produced.next !== "function") {
+      send(produced, true);
+      return;
+    }
+    for (const item of produced) {
+      send(item, false);
+    }
+    sender.finish();
+  } catch (e) {
+    if (e instanceof SendFailed) return;
+    try {
+      sender.sendError(toWitError(e));
+    } catch {
+      // the caller has gone
+    }
+  } finally {
+    produced?.return?.(); // a generator stopped early runs its `finally` blocks
+  }
 }
 
 // --- tensors ---------------------------------------------------------------------------------

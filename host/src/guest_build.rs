@@ -78,12 +78,6 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
         .model_transaction_policy
         .as_ref()
         .is_some_and(|p| p.decoupled);
-    if decoupled && language != Language::Python {
-        bail!(
-            "{}: decoupled handlers are built from Python (a Triton model.py, or a tessera.Handler whose execute yields), not yet from JavaScript or TypeScript; write the handler in Python or Rust (docs/writing-handlers.md)",
-            config_path.display()
-        );
-    }
     let work = tempfile::Builder::new()
         .prefix("tessera-build-")
         .tempdir()
@@ -115,7 +109,14 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
         Language::JavaScript | Language::TypeScript => {
             let tool = componentize_qjs(tools.componentize_qjs.as_deref())?;
             for (version, _) in &versions {
-                built.push(build_js(&tool, &wit, work.path(), version, language)?);
+                built.push(build_js(
+                    &tool,
+                    &wit,
+                    work.path(),
+                    version,
+                    language,
+                    decoupled,
+                )?);
             }
         }
     }
@@ -164,6 +165,7 @@ fn build_js(
     work: &Path,
     version: &Path,
     language: Language,
+    decoupled: bool,
 ) -> anyhow::Result<PathBuf> {
     let root = work.join(format!(
         "js-{}",
@@ -180,7 +182,13 @@ fn build_js(
     let run = Command::new(tool)
         .arg("--wit")
         .arg(wit)
-        .args(["--world", "model", "--sync", "--js"])
+        .arg("--world")
+        .arg(if decoupled {
+            "decoupled-model"
+        } else {
+            "model"
+        })
+        .args(["--sync", "--js"])
         .arg(model.join("model.js"))
         .arg("--module-root")
         .arg(&root)
@@ -503,31 +511,5 @@ mod tests {
         let h = hint("ModuleNotFoundError: No module named 'helpers'\n");
         assert!(h.contains("helpers.py"), "{h}");
         assert!(hint("some other failure").is_empty());
-    }
-
-    #[test]
-    fn decoupled_is_not_built_from_javascript_yet() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let model = dir.path();
-        std::fs::create_dir(model.join("1")).unwrap();
-        for (source, backend) in [("model.js", "wasm"), ("model.ts", "wasm")] {
-            let _ = std::fs::remove_file(model.join("1/model.js"));
-            let _ = std::fs::remove_file(model.join("1/model.ts"));
-            std::fs::write(model.join("1").join(source), "").unwrap();
-            std::fs::write(
-                model.join("config.pbtxt"),
-                format!(
-                    "name: \"m\"\nbackend: \"{backend}\"\nmodel_transaction_policy {{ decoupled: true }}\n"
-                ),
-            )
-            .unwrap();
-            let e = build(model, &Tools::default())
-                .expect_err("decoupled")
-                .to_string();
-            assert!(
-                e.contains("decoupled handlers are built from Python"),
-                "{source}: {e}"
-            );
-        }
     }
 }

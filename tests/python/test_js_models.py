@@ -7,6 +7,7 @@ and the sandbox's limits holding for a misbehaving model.js as for Rust guests.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tempfile
@@ -61,7 +62,7 @@ def js_server():
     work = Path(tempfile.mkdtemp(prefix="tessera-js-models-"))
     repo = work / "repository"
     repo.mkdir()
-    for name in ("add_sub_js", "bls_js", "add_sub_ts", "bls_ts"):
+    for name in ("add_sub_js", "bls_js", "add_sub_ts", "bls_ts", "count_ts"):
         shutil.copytree(REPO_ROOT / "examples" / "js" / name, repo / name,
                         ignore=shutil.ignore_patterns("model.wasm"))
     shutil.copytree(REPO_ROOT / "examples" / "triton-python" / "repository" / "pytorch",
@@ -70,7 +71,7 @@ def js_server():
     (repo / "js_probe" / "1").mkdir(parents=True)
     (repo / "js_probe" / "config.pbtxt").write_text(PROBE_CONFIG)
     (repo / "js_probe" / "1" / "model.js").write_text(PROBE)
-    for model in ("add_sub_js", "bls_js", "add_sub_ts", "bls_ts", "js_probe"):
+    for model in ("add_sub_js", "bls_js", "add_sub_ts", "bls_ts", "count_ts", "js_probe"):
         built = tessera_build(repo / model)
         assert built.returncode == 0, built.stdout + built.stderr
     srv, proc, log = launch(binary(), ["--model-repository", str(repo)], ready_timeout=120)
@@ -186,3 +187,19 @@ def test_a_typescript_syntax_error_fails_the_build_with_its_line(tmp_path):
     assert built.returncode != 0
     assert "TypeScript could not be transpiled" in built.stderr and "model.ts:2" in built.stderr, built.stderr
     assert not (model / "1" / "model.wasm").exists()
+
+
+def _events(srv, body: dict) -> list[dict]:
+    status, _, raw = srv.request("POST", "/v2/models/count_ts/generate_stream",
+                                 json.dumps(body).encode())
+    assert status == 200, raw
+    return [json.loads(line[len("data: "):]) for line in raw.decode().splitlines()
+            if line.startswith("data: ")]
+
+
+def test_a_typescript_generator_streams_each_yield(js_server):
+    events = _events(js_server, {"TEXT": "héllo wide 世界"})
+    assert [(e["WORD"], e["INDEX"]) for e in events] == [("héllo", 0), ("wide", 1), ("世界", 2)]
+    # A thrown error ends the stream with it; the model streams the next request as before.
+    assert _events(js_server, {"TEXT": "   "}) == [{"error": "TEXT has no words"}]
+    assert [e["WORD"] for e in _events(js_server, {"TEXT": "still here"})] == ["still", "here"]
