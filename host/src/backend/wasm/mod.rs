@@ -2,8 +2,8 @@
 //! `tessera:inference/model` world (see `wit/tessera.wit`).
 //!
 //! Lifetimes, as types:
-//! - [`WasmRuntime`] — per server: the wasmtime `Engine` (pooling allocator, epoch ticker) and the
-//!   compiled-code cache.
+//! - [`WasmRuntime`] — per server: the wasmtime `Engine` (pooling allocator, the epoch ticker
+//!   of `epoch.rs`, which runs only while guest code does) and the compiled-code cache.
 //! - [`WasmModel`] — per model version: the `InstancePre` and the sandbox [`Limits`].
 //! - [`WasmInstance`] — per instance (`instance_group.count` of them): a `Store` with an
 //!   instantiated, initialized guest, reused across executions and replaced after a trap.
