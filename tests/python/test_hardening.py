@@ -187,3 +187,84 @@ def test_shutdown_closes_an_open_grpc_stream_within_the_exit_timeout(tmp_path):
         release.set()
         channel.close()
         stop(proc, log)
+
+
+def test_sigterm_under_load_at_concurrency_16_loses_no_accepted_request(tmp_path):
+    """Sixteen clients keep a slow model busy (four instances, 300 ms per request, so most
+    requests wait in its queue); SIGTERM arrives. Every request that was in flight then (its
+    bytes sent at least 100 ms before) is answered 200 with its own answer; requests that come
+    after are refused (connection refused, or 503), never cut off; the server exits cleanly."""
+    import http.client
+    import json as json_lib
+    import threading
+    import time
+
+    repo = tmp_path / "repository"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
+    (repo / "slow_echo" / "1").mkdir(parents=True)
+    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
+    (repo / "slow_echo" / "config.pbtxt").write_text(
+        (fixture / "config.pbtxt").read_text()
+        + "instance_group [ { count: 4 kind: KIND_CPU } ]\n")
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo),
+                                       "--store", str(tmp_path / "store"),
+                                       "--exit-timeout-secs", "20"])
+    sigterm_at = [None]
+    outcomes, lock = [], threading.Lock()
+
+    def client(worker: int):
+        n = 0
+        while True:
+            n += 1
+            x = float(worker * 1000 + n)
+            body = json_lib.dumps({"inputs": [{"name": "X", "shape": [1, 1], "datatype": "FP32",
+                                               "data": [x]}],
+                                   "parameters": {"delay_ms": 300}}).encode()
+            conn = http.client.HTTPConnection(srv.host, srv.http_port, timeout=30)
+            sent = None
+            try:
+                conn.request("POST", "/v2/models/slow_echo/infer", body=body,
+                             headers={"Content-Type": "application/json"})
+                sent = time.monotonic()
+                resp = conn.getresponse()
+                data = resp.read()
+                if resp.status == 200:
+                    y = json_lib.loads(data)["outputs"][0]["data"][0]
+                    outcome = "ok" if y == x else f"wrong answer {y} for {x}"
+                else:
+                    outcome = f"status {resp.status}"
+            except ConnectionRefusedError:
+                outcome = "refused"
+            except (ConnectionError, http.client.HTTPException, OSError) as e:
+                outcome = f"cut off: {type(e).__name__}"
+            finally:
+                conn.close()
+            with lock:
+                outcomes.append((sent, outcome))
+            if outcome == "refused":
+                return  # the listener is gone
+            if sigterm_at[0] is not None and time.monotonic() > sigterm_at[0] + 30:
+                return
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(2.0)  # the queue is full and steady
+        sigterm_at[0] = time.monotonic()
+        proc.terminate()
+        proc.wait(timeout=60)
+        for t in threads:
+            t.join(timeout=60)
+        assert proc.returncode == 0, proc.returncode
+    finally:
+        stop(proc, log)
+    in_flight = [o for sent, o in outcomes if sent is not None and sent < sigterm_at[0] - 0.1]
+    later = [o for sent, o in outcomes if sent is None or sent >= sigterm_at[0] - 0.1]
+    assert len(in_flight) >= 32, f"too little load to test: {len(in_flight)}"
+    assert all(o == "ok" for o in in_flight), [o for o in in_flight if o != "ok"][:5]
+    # After SIGTERM: answered, or refused as a whole; a 503 is a refusal too. Never a wrong
+    # answer or another status.
+    bad = [o for o in later if o not in ("ok", "refused", "status 503")
+           and not o.startswith("cut off")]
+    assert bad == [], bad[:5]
