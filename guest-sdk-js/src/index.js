@@ -41,6 +41,24 @@ function toWitError(e) {
 }
 
 /**
+ * The `initialize` export of both kinds of handler: parses the config, keeps it, runs the
+ * model's own `initialize`; what that throws makes the model UNAVAILABLE with the message.
+ */
+function initializer(initialize, keep) {
+  return (configJson) => {
+    const config = JSON.parse(configJson);
+    keep(config);
+    if (initialize) {
+      try {
+        initialize(config);
+      } catch (e) {
+        throw e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+      }
+    }
+  };
+}
+
+/**
  * The handler export. `executeRequest(request, config)` answers one request (a thrown error
  * fails that request only), or `execute(requests, config)` a whole batch (one result each).
  * `initialize(config)` may throw to make the model UNAVAILABLE with the message.
@@ -48,16 +66,9 @@ function toWitError(e) {
 export function model({ initialize, execute, executeRequest, finalize }) {
   let config = null;
   return {
-    initialize(configJson) {
-      config = JSON.parse(configJson);
-      if (initialize) {
-        try {
-          initialize(config);
-        } catch (e) {
-          throw e instanceof Error ? `${e.name}: ${e.message}` : String(e);
-        }
-      }
-    },
+    initialize: initializer(initialize, (parsed) => {
+      config = parsed;
+    }),
     execute(requests) {
       if (execute) {
         let results;
@@ -103,16 +114,9 @@ function response(r) {
 export function streaming({ initialize, executeRequest, finalize }) {
   let config = null;
   return {
-    initialize(configJson) {
-      config = JSON.parse(configJson);
-      if (initialize) {
-        try {
-          initialize(config);
-        } catch (e) {
-          throw e instanceof Error ? `${e.name}: ${e.message}` : String(e);
-        }
-      }
-    },
+    initialize: initializer(initialize, (parsed) => {
+      config = parsed;
+    }),
     execute(pairs) {
       for (const [request, sender] of pairs) {
         try {
