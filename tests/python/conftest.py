@@ -320,3 +320,25 @@ def probe(srv: "Server", model: str, mode: str) -> bytes:
     inp = httpclient.InferInput("MODE", [1], "BYTES")
     inp.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
     return client.infer(model, [inp]).as_numpy("OUT")[0]
+
+
+# The guest build tools scripts/prepare.sh installs (pinned in host/src/guest_build.rs).
+COMPONENTIZE_PY = REPO_ROOT / ".venv" / "bin" / "componentize-py"
+COMPONENTIZE_QJS = REPO_ROOT / "guest-sdk-js" / "node_modules" / ".bin" / "componentize-qjs"
+
+
+def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
+    """`tessera build` of a Python or JavaScript model folder with the pinned tools."""
+    return subprocess.run([str(binary()), "build", str(model_dir),
+                           "--componentize-py", str(COMPONENTIZE_PY),
+                           "--componentize-qjs", str(COMPONENTIZE_QJS)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def sse_events(srv: "Server", model: str, body: dict) -> list[dict]:
+    """The `data:` events of one `/generate_stream` call, parsed."""
+    status, _, raw = srv.request("POST", f"/v2/models/{model}/generate_stream",
+                                 json.dumps(body).encode())
+    assert status == 200, raw
+    return [json.loads(line[len("data: "):]) for line in raw.decode().splitlines()
+            if line.startswith("data: ")]

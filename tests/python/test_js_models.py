@@ -7,7 +7,6 @@ and the sandbox's limits holding for a misbehaving model.js as for Rust guests.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import tempfile
@@ -19,9 +18,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, probe, stop
+from conftest import (
+    COMPONENTIZE_QJS, REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, probe, sse_events,
+    stop, tessera_build,
+)
 
-COMPONENTIZE_QJS = REPO_ROOT / "guest-sdk-js" / "node_modules" / ".bin" / "componentize-qjs"
 
 PROBE = """
 import { asStrings, fromStrings, input, model, utf8Decode, utf8Encode } from "@tessera/guest";
@@ -48,10 +49,6 @@ output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 parameters: { key: "execute_deadline_ms" value: { string_value: "2000" } }
 parameters: { key: "max_memory_bytes" value: { string_value: "134217728" } }
 """
-def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(binary()), "build", str(model_dir),
-                           "--componentize-qjs", str(COMPONENTIZE_QJS)],
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -189,17 +186,10 @@ def test_a_typescript_syntax_error_fails_the_build_with_its_line(tmp_path):
     assert not (model / "1" / "model.wasm").exists()
 
 
-def _events(srv, body: dict) -> list[dict]:
-    status, _, raw = srv.request("POST", "/v2/models/count_ts/generate_stream",
-                                 json.dumps(body).encode())
-    assert status == 200, raw
-    return [json.loads(line[len("data: "):]) for line in raw.decode().splitlines()
-            if line.startswith("data: ")]
-
-
 def test_a_typescript_generator_streams_each_yield(js_server):
-    events = _events(js_server, {"TEXT": "héllo wide 世界"})
+    events = sse_events(js_server, "count_ts", {"TEXT": "héllo wide 世界"})
     assert [(e["WORD"], e["INDEX"]) for e in events] == [("héllo", 0), ("wide", 1), ("世界", 2)]
     # A thrown error ends the stream with it; the model streams the next request as before.
-    assert _events(js_server, {"TEXT": "   "}) == [{"error": "TEXT has no words"}]
-    assert [e["WORD"] for e in _events(js_server, {"TEXT": "still here"})] == ["still", "here"]
+    assert sse_events(js_server, "count_ts", {"TEXT": "   "}) == [{"error": "TEXT has no words"}]
+    again = sse_events(js_server, "count_ts", {"TEXT": "still here"})
+    assert [e["WORD"] for e in again] == ["still", "here"]

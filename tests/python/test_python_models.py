@@ -25,10 +25,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, probe, stop
+from conftest import (
+    COMPONENTIZE_PY, REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, probe, sse_events,
+    stop, tessera_build,
+)
 
 EXAMPLES = REPO_ROOT / "examples" / "triton-python"
-COMPONENTIZE_PY = REPO_ROOT / ".venv" / "bin" / "componentize-py"
 
 # SHA-256 of the files as they are upstream (triton-inference-server/python_backend f9088ff).
 UPSTREAM = {
@@ -144,11 +146,6 @@ output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 parameters: { key: "execute_deadline_ms" value: { string_value: "2000" } }
 parameters: { key: "max_memory_bytes" value: { string_value: "134217728" } }
 '''
-
-def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(binary()), "build", str(model_dir),
-                           "--componentize-py", str(COMPONENTIZE_PY)],
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -403,16 +400,8 @@ def test_a_decoupled_model_py_ends_its_stream_with_the_error(python_server, mode
     assert _stream(python_server, "again") == ["again"]
 
 
-def _events(srv, model: str, body: dict) -> list[dict]:
-    status, _, raw = srv.request("POST", f"/v2/models/{model}/generate_stream",
-                                 json.dumps(body).encode())
-    assert status == 200, raw
-    return [json.loads(line[len("data: "):]) for line in raw.decode().splitlines()
-            if line.startswith("data: ")]
-
-
 def test_a_tessera_module_generator_streams_each_yield(python_server):
-    events = _events(python_server, "count_py", {"TEXT": "héllo wide 世界"})
+    events = sse_events(python_server, "count_py", {"TEXT": "héllo wide 世界"})
     assert [(e["WORD"], e["INDEX"]) for e in events] == [("héllo", 0), ("wide", 1), ("世界", 2)]
     # Over gRPC too, as a decoupled model's stream.
     answers: queue.Queue = queue.Queue()
@@ -430,6 +419,6 @@ def test_a_tessera_module_generator_streams_each_yield(python_server):
 
 
 def test_a_tessera_module_generator_ends_its_stream_with_its_error(python_server):
-    assert _events(python_server, "count_py", {"TEXT": "   "}) == [{"error": "TEXT has no words"}]
-    assert [e["WORD"] for e in _events(python_server, "count_py", {"TEXT": "still here"})] == \
+    assert sse_events(python_server, "count_py", {"TEXT": "   "}) == [{"error": "TEXT has no words"}]
+    assert [e["WORD"] for e in sse_events(python_server, "count_py", {"TEXT": "still here"})] == \
         ["still", "here"]
