@@ -33,6 +33,9 @@ PINS=(
   "componentize-py==0.25.1"
   # deploy/'s Kubernetes manifests are checked against the Kubernetes schemas it carries.
   "kubernetes-validate==1.37.0"
+  # The S3-compatible server the shared-store tests run on loopback (it honours conditional
+  # writes: If-None-Match: * answers 412 on an existing object).
+  "moto[server]==5.2.5"
 )
 
 if [ ! -x .venv/bin/python ]; then

@@ -4,7 +4,15 @@
 //! deploy:   stage (tmp/) → commit (next revision) → build beside what serves → publish (manifest,
 //!           durable) → swap in → answer
 //! rollback: previous revision → build beside what serves → publish → swap in → answer
+//! follow:   (a replica) a change another replica published → fetch the revision → build
+//!           beside what serves → record → swap in (or unload)
 //! ```
+//!
+//! With a shared store (`crate::store::shared`, replicas), *publish* is first the shared
+//! manifest's next generation, create-only, read fresh at the start of the request: a change
+//! made meanwhile by another replica makes this one a conflict (409) before anything serves,
+//! and the answer comes only once the change is in the shared store. Then the replica's own
+//! store (its cache) records it.
 //!
 //! What differs between a model and a function is only how a revision is built and swapped in
 //! ([`Target`]); validation of the upload happens before, in the caller. A revision committed
@@ -23,6 +31,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::repository::{ControlError, LoadOutcome};
+use crate::store::shared::{SharedManifest, SharedRevision};
 use crate::store::{Store, StoreError};
 
 /// What a load or rollback did, for the answer.
@@ -56,6 +65,12 @@ pub trait Target {
         key: &str,
         built: Self::Built,
     ) -> impl Future<Output = Result<(), ControlError>> + Send;
+
+    /// The store revision of `key` that serves now, if one does.
+    fn serving(&self, key: &str) -> Option<u64>;
+
+    /// Stops serving `key` (another replica unloaded it).
+    fn unload(&self, key: &str) -> impl Future<Output = Result<(), ControlError>> + Send;
 }
 
 /// Runs blocking store work: see the module documentation.
@@ -92,9 +107,18 @@ pub async fn deploy<T: Target>(
     key: &str,
     files: Vec<(PathBuf, Bytes)>,
 ) -> Result<Deployed, ControlError> {
+    // The shared state, read fresh: the new revision follows it, and a change another replica
+    // publishes from now on makes this deploy a conflict.
+    let base = match store.shared() {
+        Some(shared) => Some(shared.latest(key).await?),
+        None => None,
+    };
+    let number = base
+        .as_ref()
+        .map(|b| b.as_ref().map_or(1, SharedManifest::next_revision));
     let (revision, dir) = disk(|| {
         let staged = store.stage(key, &files)?;
-        store.commit(staged)
+        store.commit_as(staged, number)
     })?;
     let mut committed = Committed {
         store,
@@ -110,8 +134,22 @@ pub async fn deploy<T: Target>(
         });
     };
     let hash = target.hash(&built);
+    let mut generation = 0;
+    if let (Some(shared), Some(base)) = (store.shared(), base) {
+        let uploaded = shared.upload(key, &files).await?;
+        let mut next = base.clone().unwrap_or_default();
+        next.revisions.push(SharedRevision {
+            revision,
+            content: uploaded.content,
+            files: uploaded.files,
+            deployed_at: now_unix(),
+        });
+        next.current = revision;
+        next.loaded = true;
+        generation = shared.publish(key, base.as_ref(), next).await?.generation;
+    }
     // Durable before it serves: a crash from here on restarts with this revision.
-    disk(|| store.publish(key, revision, &hash))?;
+    disk(|| store.publish_generation(key, revision, &hash, generation))?;
     committed.published = true;
     target.swap(key, built).await?;
     tracing::info!(key, revision, "deployed");
@@ -128,6 +166,9 @@ pub async fn rollback<T: Target>(
     target: &T,
     key: &str,
 ) -> Result<Deployed, ControlError> {
+    if store.shared().is_some() {
+        return rollback_shared(store, target, key).await;
+    }
     let (revision, dir, recorded) = disk(|| store.previous(key))?;
     let Some(built) = target.build(key, revision, &dir).await? else {
         return Ok(Deployed {
@@ -150,7 +191,166 @@ pub async fn rollback<T: Target>(
     })
 }
 
-/// Records whether `key` loads at start (after a load or an unload on request).
-pub fn set_loaded(store: &Store, key: &str, loaded: bool) -> Result<(), StoreError> {
-    disk(|| store.set_loaded(key, loaded))
+/// [`rollback`] on a replica: the previous revision of the shared state, fetched if this
+/// replica does not have it.
+async fn rollback_shared<T: Target>(
+    store: &Store,
+    target: &T,
+    key: &str,
+) -> Result<Deployed, ControlError> {
+    let Some(shared) = store.shared() else {
+        return Err(ControlError::Internal("no shared store".into()));
+    };
+    let base = shared
+        .latest(key)
+        .await?
+        .ok_or_else(|| StoreError::NotDeployed(key.to_owned()))?;
+    let previous = base
+        .previous()
+        .cloned()
+        .ok_or_else(|| StoreError::NoEarlierRevision(key.to_owned()))?;
+    let (dir, fetched) = cached_revision(store, key, &previous).await?;
+    let Some(built) = target.build(key, previous.revision, &dir).await? else {
+        return Ok(Deployed {
+            outcome: LoadOutcome::Unchanged,
+            revision: None,
+        });
+    };
+    let hash = target.hash(&built);
+    let mut next = base.clone();
+    next.current = previous.revision;
+    next.loaded = true;
+    let generation = shared.publish(key, Some(&base), next).await?.generation;
+    disk(|| store.publish_generation(key, previous.revision, &hash, generation))?;
+    if let Some(mut fetched) = fetched {
+        fetched.published = true;
+    }
+    target.swap(key, built).await?;
+    tracing::info!(key, revision = previous.revision, "rolled back");
+    Ok(Deployed {
+        outcome: LoadOutcome::Loaded,
+        revision: Some(previous.revision),
+    })
+}
+
+/// Records whether `key` loads at start (after a load or an unload on request); with a shared
+/// store, every replica follows.
+pub async fn set_loaded(store: &Store, key: &str, loaded: bool) -> Result<(), ControlError> {
+    let mut generation = None;
+    if let Some(shared) = store.shared()
+        && let Some(base) = shared.latest(key).await?
+        && base.loaded != loaded
+    {
+        let mut next = base.clone();
+        next.loaded = loaded;
+        generation = Some(shared.publish(key, Some(&base), next).await?.generation);
+    }
+    disk(|| store.set_loaded_generation(key, loaded, generation))?;
+    Ok(())
+}
+
+/// The folder of `revision` in this replica's store, fetched from the shared store when it is
+/// not there; a fetched one comes with its guard (discarded unless marked published).
+async fn cached_revision<'s>(
+    store: &'s Store,
+    key: &str,
+    revision: &SharedRevision,
+) -> Result<(PathBuf, Option<Committed<'s>>), ControlError> {
+    let kept = store
+        .manifest(key)
+        .is_some_and(|m| m.revisions.iter().any(|r| r.revision == revision.revision));
+    if kept {
+        return Ok((store.revision_dir(key, revision.revision), None));
+    }
+    let Some(shared) = store.shared() else {
+        return Err(ControlError::Internal("no shared store".into()));
+    };
+    let files = shared.download(key, revision).await?;
+    let (number, dir) = disk(|| {
+        let staged = store.stage(key, &files)?;
+        store.commit_as(staged, Some(revision.revision))
+    })?;
+    let guard = Committed {
+        store,
+        key: key.to_owned(),
+        revision: number,
+        dir: dir.clone(),
+        published: false,
+    };
+    Ok((dir, Some(guard)))
+}
+
+/// Applies what another replica published (`manifest`, the newest generation of `key`) to this
+/// replica: the same build-beside-and-swap as a deploy here. Nothing is written to the shared
+/// store. The caller holds the lock that serializes deployments of this kind.
+pub async fn follow<T: Target>(
+    store: &Store,
+    target: &T,
+    key: &str,
+    manifest: &SharedManifest,
+) -> Result<(), ControlError> {
+    let applied = store.manifest(key).map(|m| m.generation);
+    if applied.is_some_and(|g| g >= manifest.generation) {
+        return Ok(());
+    }
+    let Some(revision) = manifest.revision(manifest.current) else {
+        return Err(ControlError::Internal(format!(
+            "generation {} of '{}' names revision {} but does not keep it",
+            manifest.generation,
+            crate::namespace::shown(key),
+            manifest.current
+        )));
+    };
+    let (dir, mut fetched) = cached_revision(store, key, revision).await?;
+    let serving = target.serving(key);
+    let recorded = store
+        .manifest(key)
+        .and_then(|m| {
+            m.revisions
+                .into_iter()
+                .find(|r| r.revision == revision.revision)
+        })
+        .map(|r| r.sha256)
+        .unwrap_or_default();
+    if manifest.loaded && serving != Some(revision.revision) {
+        let built = target.build(key, revision.revision, &dir).await?;
+        let hash = built.as_ref().map_or(recorded, |b| target.hash(b));
+        disk(|| store.publish_generation(key, revision.revision, &hash, manifest.generation))?;
+        if let Some(guard) = fetched.as_mut() {
+            guard.published = true;
+        }
+        if let Some(built) = built {
+            target.swap(key, built).await?;
+        }
+        tracing::info!(
+            key,
+            revision = revision.revision,
+            generation = manifest.generation,
+            by = manifest.written_by,
+            "serving what another replica deployed"
+        );
+        return Ok(());
+    }
+    disk(|| {
+        store.publish_generation(key, revision.revision, &recorded, manifest.generation)?;
+        store.set_loaded_generation(key, manifest.loaded, Some(manifest.generation))
+    })?;
+    if let Some(guard) = fetched.as_mut() {
+        guard.published = true;
+    }
+    if !manifest.loaded && serving.is_some() {
+        target.unload(key).await?;
+        tracing::info!(
+            key,
+            by = manifest.written_by,
+            "unloaded, as another replica did"
+        );
+    }
+    Ok(())
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -362,7 +362,7 @@ impl Functions {
                 ))
             })?;
         if let Some(store) = &self.store {
-            crate::deploy::set_loaded(store, name, true)?;
+            crate::deploy::set_loaded(store, name, true).await?;
         }
         self.set(name, Some(FunctionEntry::Ready(function)));
         Ok(())
@@ -379,7 +379,7 @@ impl Functions {
             )));
         }
         if let Some(store) = &self.store {
-            crate::deploy::set_loaded(store, name, false)?;
+            crate::deploy::set_loaded(store, name, false).await?;
         }
         self.set(name, None);
         Ok(())
@@ -404,6 +404,26 @@ impl Functions {
         };
         let deployed = crate::deploy::rollback(&store, &target, name).await?;
         Ok(deployed.revision.unwrap_or(0))
+    }
+
+    /// Applies what another replica published to the shared store ([`crate::deploy::follow`]).
+    pub async fn follow(
+        &self,
+        runtime: &Arc<WasmRuntime>,
+        name: &str,
+        manifest: &crate::store::shared::SharedManifest,
+        inference: Weak<dyn Inference>,
+    ) -> Result<(), ControlError> {
+        let Some(store) = self.store.clone() else {
+            return Ok(());
+        };
+        let _control = self.control.lock().await;
+        let target = FunctionTarget {
+            functions: self,
+            runtime,
+            inference,
+        };
+        crate::deploy::follow(&store, &target, name, manifest).await
     }
 
     /// Where deployed functions are kept.
@@ -580,6 +600,25 @@ impl crate::deploy::Target for FunctionTarget<'_> {
 
     async fn swap(&self, key: &str, built: Self::Built) -> Result<(), ControlError> {
         self.functions.set(key, Some(FunctionEntry::Ready(built.0)));
+        Ok(())
+    }
+
+    fn serving(&self, key: &str) -> Option<u64> {
+        // The table does not keep revisions: what serves is the store's current one, which a
+        // deployment records before it swaps.
+        match self.functions.get(key) {
+            Some(FunctionEntry::Ready(_)) => self
+                .functions
+                .store
+                .as_ref()?
+                .manifest(key)
+                .map(|m| m.current),
+            _ => None,
+        }
+    }
+
+    async fn unload(&self, key: &str) -> Result<(), ControlError> {
+        self.functions.set(key, None);
         Ok(())
     }
 }

@@ -261,10 +261,19 @@ struct ServeArgs {
     /// `/v1/functions/<name>/`; repeatable.
     #[arg(long)]
     functions: Vec<PathBuf>,
-    /// Where deployed models are kept (created if missing) [default: ~/.local/share/tessera/store].
-    /// A local directory; object storage (`s3://…`) is not supported yet and is refused.
-    #[arg(long, env = "TESSERA_STORE", value_parser = parse_store_dir)]
-    store: Option<PathBuf>,
+    /// Where deployed models are kept [default: ~/.local/share/tessera/store]: a directory of
+    /// this server's own (created if missing), or a store that replicas share:
+    /// `s3://bucket/prefix` (S3 or an S3-compatible server; credentials, region and endpoint from
+    /// the AWS_* environment) or `file:///shared/dir` (a shared mount).
+    #[arg(long, env = "TESSERA_STORE", value_parser = parse_store)]
+    store: Option<StoreLocation>,
+    /// With a shared --store: this replica's cache of it, which it serves from (also while the
+    /// shared store is unreachable) [default: ~/.cache/tessera/store/<hash of the URL>].
+    #[arg(long, env = "TESSERA_STORE_CACHE")]
+    store_cache: Option<PathBuf>,
+    /// With a shared --store: milliseconds between two looks for changes other replicas made.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=600_000))]
+    store_poll_ms: u64,
     /// A file holding the admin key; it turns tenancy on (as the TESSERA_ADMIN_KEY environment
     /// variable does). Never pass the key itself on the command line.
     #[arg(long, env = "TESSERA_ADMIN_KEY_FILE")]
@@ -438,16 +447,30 @@ async fn tenants(command: TenantCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Parses `--store`: a directory. A URL was taken for a relative path before (`s3://b/x` made a
-/// local folder named `s3:`), so a deployment a user meant for a bucket stayed on one disk.
-fn parse_store_dir(spec: &str) -> Result<PathBuf, String> {
-    if let Some((scheme, _)) = spec.split_once("://") {
-        return Err(format!(
-            "'{spec}' is a URL: the deployment store is a directory (local, or a shared mount); \
-             object storage ({scheme}://) is not supported yet"
-        ));
+/// `--store`: a directory of this server's own, or the URL of a store replicas share.
+#[derive(Clone, Debug)]
+enum StoreLocation {
+    Dir(PathBuf),
+    Shared(String),
+}
+
+/// Parses `--store`. A URL of a scheme the store does not speak is refused (it was once taken
+/// for a relative path: `s3://b/x` made a local folder named `s3:`).
+fn parse_store(spec: &str) -> Result<StoreLocation, String> {
+    match spec.split_once("://") {
+        Some(("s3" | "s3a" | "file", _)) => Ok(StoreLocation::Shared(spec.to_owned())),
+        Some((scheme, _)) => Err(format!(
+            "'{spec}': {scheme}:// is not supported; the store is a directory, s3://bucket/prefix (S3 or an S3-compatible server) or file:///shared/dir"
+        )),
+        None => Ok(StoreLocation::Dir(PathBuf::from(spec))),
     }
-    Ok(PathBuf::from(spec))
+}
+
+/// Where a replica caches a shared store: one folder per store URL.
+fn default_store_cache(url: &str) -> Option<PathBuf> {
+    use sha2::Digest;
+    let hash = hex::encode(sha2::Sha256::digest(url.as_bytes()));
+    default_cache_dir().map(|wasm| wasm.with_file_name("store").join(&hash[..16]))
 }
 
 fn default_store_dir() -> Option<PathBuf> {
@@ -637,7 +660,22 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         .is_some()
         .then(|| serve.load_model.clone());
     options.poll_interval = std::time::Duration::from_secs(serve.repository_poll_secs.max(1));
-    options.store_dir = serve.store.clone().or_else(default_store_dir);
+    match serve.store.clone() {
+        Some(StoreLocation::Shared(url)) => {
+            options.store_dir = serve
+                .store_cache
+                .clone()
+                .or_else(|| default_store_cache(&url));
+            anyhow::ensure!(
+                options.store_dir.is_some(),
+                "a shared --store needs a cache folder: give --store-cache"
+            );
+            options.shared_store = Some(url);
+        }
+        Some(StoreLocation::Dir(dir)) => options.store_dir = Some(dir),
+        None => options.store_dir = default_store_dir(),
+    }
+    options.store_poll_interval = std::time::Duration::from_millis(serve.store_poll_ms);
     options.max_deployment_bytes = serve.max_deployment_bytes;
     options.function_dirs = serve.functions.clone();
     options.admin_key = admin_key(serve.admin_key_file.as_deref())?;

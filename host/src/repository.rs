@@ -183,9 +183,38 @@ pub enum ControlError {
     /// A tenant's quota does not allow it (the number of deployments).
     #[error("{0}")]
     Forbidden(String),
+    /// Another replica changed the deployment at the same time (the shared store).
+    #[error("{0}")]
+    Conflict(String),
+    /// The shared deployment store cannot be reached.
+    #[error("{0}")]
+    Unavailable(String),
     /// The store or the filesystem failed.
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<crate::store::shared::SharedStoreError> for ControlError {
+    fn from(e: crate::store::shared::SharedStoreError) -> Self {
+        use crate::store::shared::SharedStoreError;
+        match e {
+            e @ SharedStoreError::Conflict { .. } => ControlError::Conflict(e.to_string()),
+            SharedStoreError::Invalid(m) => ControlError::Invalid(m),
+            e @ SharedStoreError::Unavailable(_) => {
+                // The store's URL and the client library's words stay in the log.
+                tracing::error!("{e}");
+                ControlError::Unavailable(
+                    "the shared deployment store is unreachable; nothing was published (details in the server log)".into(),
+                )
+            }
+            e @ SharedStoreError::Corrupt(_) => {
+                tracing::error!("{e}");
+                ControlError::Internal(
+                    "the shared deployment store holds something unreadable (details in the server log)".into(),
+                )
+            }
+        }
+    }
 }
 
 impl From<crate::store::StoreError> for ControlError {
@@ -920,6 +949,16 @@ impl Control<'_> {
             }
             Ok(())
         })
+    }
+
+    /// The store revision of `name` that serves now, if a deployment of the store serves.
+    pub fn serving_revision(&self, name: &str) -> Option<u64> {
+        let table = self.repo.read();
+        let entry = table.get(name).filter(|e| e.has_ready())?;
+        match entry.origin {
+            Origin::Store { revision } => Some(revision),
+            _ => None,
+        }
     }
 
     /// Unloads `name`: new requests find it UNAVAILABLE, queued ones finish. With

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -78,7 +79,12 @@ pub struct ServerOptions {
     /// `--repository-poll-secs`.
     pub poll_interval: Duration,
     /// `--store`: where deployments are kept; None serves without one (deployments refused).
+    /// With `shared_store`, this replica's cache of it.
     pub store_dir: Option<PathBuf>,
+    /// `--store s3://…` or `file://…`: the store replicas share (`crate::store::shared`).
+    pub shared_store: Option<String>,
+    /// `--store-poll-ms`: how often a replica looks for changes in the shared store.
+    pub store_poll_interval: Duration,
     /// `--max-deployment-bytes`: the largest total of files one deployment may carry.
     pub max_deployment_bytes: usize,
     /// `--functions`: folders of functions (`<dir>/<name>/function.wasm`).
@@ -156,6 +162,10 @@ pub struct Server {
     stopping: std::sync::atomic::AtomicBool,
     /// The LLM engines' figures for `/metrics`.
     llm_metrics: Arc<crate::backend::llm::metrics::EngineRegistry>,
+    /// Whether the shared store answered the watcher's last round.
+    shared_store_reachable: std::sync::atomic::AtomicBool,
+    /// Shared-store changes whose build failed on this replica, by key: the generation.
+    shared_failures: Mutex<HashMap<String, u64>>,
 }
 
 /// The statistics of one model version.
@@ -169,6 +179,22 @@ impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
         // Before the stores open: it removes what a crash left of a deleted tenant.
+        if options.shared_store.is_some() && options.admin_key.is_some() {
+            // The tenant registry (keys, quotas, grants) is one server's file: tenants'
+            // deployments would reach every replica but their keys would not.
+            anyhow::bail!(
+                "tenancy (an admin key) with a shared store (--store s3://… or file://…) is not supported yet: the tenant registry is not shared between replicas"
+            );
+        }
+        let shared = match &options.shared_store {
+            Some(url) => {
+                let replica = replica_name();
+                Some(Arc::new(crate::store::shared::SharedStore::open(
+                    url, &replica,
+                )?))
+            }
+            None => None,
+        };
         let tenants = Arc::new(match (&options.admin_key, &options.store_dir) {
             (None, _) => Tenants::disabled(),
             (Some(_), None) => {
@@ -182,13 +208,17 @@ impl Server {
         let (store, function_store) = match &options.store_dir {
             Some(dir) => {
                 let (dir, with_tenants) = (dir.clone(), tenants.enabled());
-                let (models, functions) = tokio::task::spawn_blocking(move || {
+                let (mut models, mut functions) = tokio::task::spawn_blocking(move || {
                     Ok::<_, crate::store::StoreError>((
                         Store::open(&dir, "models", with_tenants)?,
                         Store::open(&dir, "functions", with_tenants)?,
                     ))
                 })
                 .await??;
+                if let Some(shared) = &shared {
+                    models = models.with_shared(shared.area("models"));
+                    functions = functions.with_shared(shared.area("functions"));
+                }
                 (Some(Arc::new(models)), Some(Arc::new(functions)))
             }
             None => (None, None),
@@ -264,6 +294,8 @@ impl Server {
                 gpu_metrics,
                 stopping: std::sync::atomic::AtomicBool::new(false),
                 llm_metrics,
+                shared_store_reachable: std::sync::atomic::AtomicBool::new(true),
+                shared_failures: Mutex::default(),
             }
         });
         let startup = match (&server.options.startup_models, server.options.control_mode) {
@@ -288,6 +320,25 @@ impl Server {
                 server.inference(),
             )
             .await;
+        if server.options.shared_store.is_some() {
+            // A replica that starts later serves everything before it says it is ready; one
+            // that cannot reach the store serves its cache.
+            server.follow_shared_store().await;
+            let (me, interval) = (
+                Arc::downgrade(&server),
+                server
+                    .options
+                    .store_poll_interval
+                    .max(Duration::from_millis(50)),
+            );
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(interval).await;
+                    let Some(server) = me.upgrade() else { break };
+                    server.follow_shared_store().await;
+                }
+            });
+        }
         if server.options.control_mode == ControlMode::Poll {
             let (me, interval) = (Arc::downgrade(&server), server.options.poll_interval);
             tokio::spawn(async move {
@@ -299,6 +350,83 @@ impl Server {
             });
         }
         Ok(server)
+    }
+
+    /// One round of following the shared store: applies every deployment whose newest
+    /// generation this replica has not applied, models first (functions call them).
+    async fn follow_shared_store(&self) {
+        let stores = [
+            (self.repository.store().cloned(), true),
+            (self.functions.store().cloned(), false),
+        ];
+        for (store, models) in stores {
+            let Some(store) = store else { continue };
+            let Some(shared) = store.shared() else {
+                continue;
+            };
+            let generations = match shared.generations().await {
+                Ok(g) => {
+                    if !self.shared_store_reachable.swap(true, Ordering::Relaxed) {
+                        tracing::info!(
+                            store = shared.url(),
+                            "the shared deployment store is reachable"
+                        );
+                    }
+                    g
+                }
+                Err(e) => {
+                    if self.shared_store_reachable.swap(false, Ordering::Relaxed) {
+                        tracing::error!(
+                            store = shared.url(),
+                            "{e}; serving the deployments cached here until it is back"
+                        );
+                    }
+                    return;
+                }
+            };
+            for (key, generation) in generations {
+                let applied = store.manifest(&key).map_or(0, |m| m.generation);
+                let failed = self
+                    .shared_failures
+                    .lock()
+                    .ok()
+                    .and_then(|f| f.get(&key).copied());
+                if applied >= generation || failed == Some(generation) {
+                    continue;
+                }
+                let followed = match shared.manifest(&key, generation).await {
+                    Err(e) => Err(ControlError::from(e)),
+                    Ok(manifest) if models => {
+                        let control = self.repository.control().await;
+                        crate::deploy::follow(&store, &ModelTarget(&control), &key, &manifest).await
+                    }
+                    Ok(manifest) => {
+                        self.functions
+                            .follow(&self.wasm, &key, &manifest, self.inference())
+                            .await
+                    }
+                };
+                if let Err(e) = followed {
+                    tracing::error!(
+                        key,
+                        generation,
+                        "cannot apply a change of the shared store: {e}"
+                    );
+                    // A build that fails here is not retried until the next change; a store
+                    // that fails is, next round.
+                    if matches!(e, ControlError::Invalid(_))
+                        && let Ok(mut failures) = self.shared_failures.lock()
+                    {
+                        failures.insert(key, generation);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the shared store answered the last time it was asked (true without one).
+    pub fn shared_store_reachable(&self) -> bool {
+        self.shared_store_reachable.load(Ordering::Relaxed)
     }
 
     /// The tenants of this server (the admin API's).
@@ -699,7 +827,7 @@ impl Server {
             if let (Some(store), Some(Origin::Store { revision })) =
                 (self.repository.store(), self.repository.origin(name))
             {
-                crate::deploy::set_loaded(store, name, true)?;
+                crate::deploy::set_loaded(store, name, true).await?;
                 return Ok(Deployed {
                     outcome,
                     revision: Some(revision),
@@ -790,7 +918,7 @@ impl Server {
         if let Some(store) = self.repository.store() {
             for model in &unloaded {
                 if matches!(self.repository.origin(model), Some(Origin::Store { .. })) {
-                    crate::deploy::set_loaded(store, model, false)?;
+                    crate::deploy::set_loaded(store, model, false).await?;
                 }
             }
         }
@@ -838,6 +966,15 @@ impl Server {
         );
         family.sample(&[("area", "models")], damaged(self.repository.store()));
         family.sample(&[("area", "functions")], damaged(self.functions.store()));
+        if self.options.shared_store.is_some() {
+            crate::metrics::Family::start(
+                &mut text,
+                "tessera_shared_store_reachable",
+                "gauge",
+                "1 when the shared deployment store answered the last look for changes; 0 while it does not (the replica serves its cache)",
+            )
+            .sample(&[], u64::from(self.shared_store_reachable()));
+        }
         if let Some(gpus) = &self.gpu_metrics {
             gpus.render(&mut text);
         }
@@ -1070,6 +1207,21 @@ impl Server {
     }
 }
 
+/// This replica's name in the shared store's manifests and logs: the host (a pod's name on
+/// Kubernetes) and the process.
+fn replica_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_else(|| "replica".into());
+    format!("{host}:{}", std::process::id())
+}
+
 /// A model deployment: built beside what serves by the repository's control, swapped into the
 /// model table.
 struct ModelTarget<'c>(&'c crate::repository::Control<'c>);
@@ -1109,6 +1261,14 @@ impl crate::deploy::Target for ModelTarget<'_> {
 
     async fn swap(&self, _key: &str, built: Self::Built) -> Result<(), ControlError> {
         self.0.publish(built).await
+    }
+
+    fn serving(&self, key: &str) -> Option<u64> {
+        self.0.serving_revision(key)
+    }
+
+    async fn unload(&self, key: &str) -> Result<(), ControlError> {
+        self.0.unload(key, false).await.map(|_| ())
     }
 }
 

@@ -480,21 +480,21 @@ async fn rollback_unload_and_restart_with_the_command_line() {
 }
 
 #[test]
-fn an_object_storage_url_as_store_is_refused_not_made_a_folder() {
+fn a_store_url_of_an_unsupported_scheme_is_refused_not_made_a_folder() {
     let dir = temp_dir("store-url");
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .current_dir(&dir)
-        .args(["--store", "s3://bucket/prefix", "--http-port", "0"])
+        .args(["--store", "gs://bucket/prefix", "--http-port", "0"])
         .output()
         .expect("runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("s3://bucket/prefix") && stderr.contains("not supported yet"),
+        stderr.contains("gs://bucket/prefix") && stderr.contains("not supported"),
         "{stderr}"
     );
     assert!(
-        !dir.join("s3:").exists(),
+        !dir.join("gs:").exists(),
         "a local folder was made for the URL"
     );
     let _ = std::fs::remove_dir_all(&dir);

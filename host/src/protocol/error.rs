@@ -79,6 +79,8 @@ impl From<&ControlError> for ApiError {
             }
             ControlError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, Code::ResourceExhausted),
             ControlError::Forbidden(_) => (StatusCode::FORBIDDEN, Code::PermissionDenied),
+            ControlError::Conflict(_) => (StatusCode::CONFLICT, Code::Aborted),
+            ControlError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             ControlError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
         };
         ApiError::new(status, code, e.to_string())

@@ -42,6 +42,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+pub mod shared;
+
 /// How many revisions of a model are kept (the serving one included), so `rollback` has
 /// somewhere to go without the store growing forever.
 pub const KEPT_REVISIONS: usize = 5;
@@ -101,6 +103,14 @@ pub struct Manifest {
     pub loaded: bool,
     /// Kept revisions, oldest first.
     pub revisions: Vec<Revision>,
+    /// With a shared store (`crate::store::shared`): the generation of the shared manifest this
+    /// replica has applied; 0 otherwise.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -137,6 +147,10 @@ pub struct Store {
     /// Deployments whose manifest could not be read at start, with the reason; left untouched
     /// on disk until a deploy or a rollback rebuilds their manifest.
     damaged: Mutex<BTreeMap<String, String>>,
+    /// The store every replica shares, when this one is a replica's cache of it.
+    shared: Option<crate::store::shared::SharedArea>,
+    /// Held while open: one server per store directory (see [`lock_area`]).
+    _lock: File,
 }
 
 /// A model name usable as a directory name and in a URL: 1-128 characters of letters, digits,
@@ -250,6 +264,7 @@ impl Store {
     /// unloaded: nobody could call them).
     pub fn open(root: &Path, area: &'static str, with_tenants: bool) -> Result<Store, StoreError> {
         create_private_dir(root)?;
+        let lock = lock_area(root, area)?;
         let models = root.join(area);
         let tmp = root.join("tmp");
         create_private_dir(&tmp)?;
@@ -285,7 +300,20 @@ impl Store {
             area,
             manifests: Mutex::new(manifests),
             damaged: Mutex::new(damaged),
+            shared: None,
+            _lock: lock,
         })
+    }
+
+    /// Makes this store a replica's cache of `shared`.
+    pub fn with_shared(mut self, shared: crate::store::shared::SharedArea) -> Store {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// The shared store this one caches, if any.
+    pub fn shared(&self) -> Option<&crate::store::shared::SharedArea> {
+        self.shared.as_ref()
     }
 
     /// Deployments whose manifest is damaged or missing, with the reason (see the module doc).
@@ -429,7 +457,18 @@ impl Store {
 
     /// Moves a staged deployment into the store as the model's next revision, durably; the
     /// manifest does not name it yet ([`Store::publish`] does), so a crash now forgets it.
-    pub fn commit(&self, mut staged: Staged) -> Result<(u64, PathBuf), StoreError> {
+    pub fn commit(&self, staged: Staged) -> Result<(u64, PathBuf), StoreError> {
+        self.commit_as(staged, None)
+    }
+
+    /// [`Store::commit`], as revision `number` when given (a replica takes the shared store's
+    /// numbering); a folder of that number that the manifest does not name is a leftover of a
+    /// deployment that did not complete, and is replaced.
+    pub fn commit_as(
+        &self,
+        mut staged: Staged,
+        number: Option<u64>,
+    ) -> Result<(u64, PathBuf), StoreError> {
         let model_dir = self.model_dir(&staged.name);
         if !model_dir.exists() {
             // Every folder created on the way (a tenant's first deployment creates three) is
@@ -457,7 +496,23 @@ impl Store {
             // did not complete (empty manifest: removed) from a lost manifest (kept).
             self.write_manifest(&staged.name, &Manifest::default())?;
         }
-        let next = {
+        let next = if let Some(number) = number {
+            let target = model_dir.join(number.to_string());
+            let named = self
+                .manifests()
+                .get(&staged.name)
+                .is_some_and(|m| m.revisions.iter().any(|r| r.revision == number));
+            if named {
+                return Err(StoreError::Invalid(format!(
+                    "revision {number} of '{}' is already in this replica's cache",
+                    crate::namespace::shown(&staged.name)
+                )));
+            }
+            if fs::symlink_metadata(&target).is_ok() {
+                fs::remove_dir_all(&target).map_err(io(&target))?;
+            }
+            number
+        } else {
             let manifests = self.manifests();
             let in_manifest = manifests
                 .get(&staged.name)
@@ -483,6 +538,17 @@ impl Store {
     /// Makes `revision` the one that serves `name` (durably), and forgets revisions beyond
     /// [`KEPT_REVISIONS`].
     pub fn publish(&self, name: &str, revision: u64, sha256: &str) -> Result<(), StoreError> {
+        self.publish_generation(name, revision, sha256, 0)
+    }
+
+    /// [`Store::publish`], recording the shared manifest's `generation` it applies.
+    pub fn publish_generation(
+        &self,
+        name: &str,
+        revision: u64,
+        sha256: &str,
+        generation: u64,
+    ) -> Result<(), StoreError> {
         let mut manifests = self.manifests();
         let repairing = self.damage(name).is_some();
         let mut manifest = if repairing {
@@ -499,6 +565,7 @@ impl Store {
         }
         manifest.current = revision;
         manifest.loaded = true;
+        manifest.generation = generation;
         let mut dropped = Vec::new();
         while manifest.revisions.len() > KEPT_REVISIONS {
             let Some(oldest) = manifest
@@ -538,15 +605,27 @@ impl Store {
 
     /// Records whether `name` loads at start.
     pub fn set_loaded(&self, name: &str, loaded: bool) -> Result<(), StoreError> {
+        self.set_loaded_generation(name, loaded, None)
+    }
+
+    /// [`Store::set_loaded`], recording the shared manifest's `generation` it applies.
+    pub fn set_loaded_generation(
+        &self,
+        name: &str,
+        loaded: bool,
+        generation: Option<u64>,
+    ) -> Result<(), StoreError> {
         let mut manifests = self.manifests();
         let Some(manifest) = manifests.get(name) else {
             return Ok(());
         };
-        if manifest.loaded == loaded {
+        let generation = generation.unwrap_or(manifest.generation);
+        if manifest.loaded == loaded && manifest.generation == generation {
             return Ok(());
         }
         let mut manifest = manifest.clone();
         manifest.loaded = loaded;
+        manifest.generation = generation;
         self.write_manifest(name, &manifest)?;
         manifests.insert(name.to_owned(), manifest);
         Ok(())
@@ -631,6 +710,7 @@ impl Store {
             current: 0,
             loaded: true,
             revisions,
+            generation: 0,
         })
     }
 
@@ -751,6 +831,30 @@ fn scan_area(
         manifests.insert(name, manifest);
     }
     sync_dir(models)
+}
+
+/// Takes `<root>/.<area>.lock` for as long as the store is open: two servers on one store
+/// directory would remove each other's deployments in flight at start and overwrite each other's
+/// manifests. Replicas share a store through `--store s3://…` or `file://…` instead
+/// (`crate::store::shared`). An advisory lock: it ends with the process, also on SIGKILL.
+fn lock_area(root: &Path, area: &str) -> Result<File, StoreError> {
+    use std::os::fd::AsRawFd;
+    let path = root.join(format!(".{area}.lock"));
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io(&path))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is involved.
+    let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !taken {
+        return Err(StoreError::Invalid(format!(
+            "the deployment store {} is in use by another server: one server per store directory; replicas share one store with --store s3://bucket/prefix or --store file:///shared/dir",
+            root.display()
+        )));
+    }
+    Ok(file)
 }
 
 /// A name for a staging directory that no other deployment in flight uses.
@@ -957,6 +1061,22 @@ mod tests {
             .expect("commits");
         store.discard("n", r);
         assert!(!root.join("models/n").exists());
+    }
+
+    #[test]
+    fn one_server_per_store_directory() {
+        let (_tmp, root) = scratch();
+        let first = Store::open(&root, "models", false).expect("opens");
+        let second = Store::open(&root, "models", false);
+        assert!(
+            matches!(&second, Err(StoreError::Invalid(m)) if m.contains("in use by another server")),
+            "{:?}",
+            second.err()
+        );
+        // The other area is a lock of its own; closing the first frees its lock.
+        Store::open(&root, "functions", false).expect("the functions area opens");
+        drop(first);
+        Store::open(&root, "models", false).expect("opens once the first is closed");
     }
 
     #[test]

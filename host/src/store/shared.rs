@@ -1,0 +1,546 @@
+//! The shared deployment store: one store for many replicas, on object storage (`s3://…`) or on
+//! a shared directory (`file:///mnt/nfs/…`), both through the `object_store` crate.
+//!
+//! ```text
+//! <prefix>/<area>/manifests/<key>/<generation>.json   immutable; the highest generation is the state
+//! <prefix>/<area>/revisions/<key>/<content>/<file>    a revision's files, by their content hash
+//! ```
+//!
+//! `<area>` is `models` or `functions`; `<key>` is `o/<name>` for the operator's deployments and
+//! `t/<tenant>/<name>` for a tenant's, so that no name can pass for another.
+//!
+//! **Why generations, not one manifest replaced in place.** Every change (deploy, rollback, load,
+//! unload) writes the next generation with a create-only put (`If-None-Match: *` on S3, a hard
+//! link on a directory). Two replicas changing one deployment at once both try to create the same
+//! generation: exactly one succeeds, the other is told so (a 409 for its client) and nothing it
+//! wrote is named anywhere. Create-only needs nothing beyond what every S3-compatible server and
+//! a POSIX directory provide (`object_store`'s local store has no compare-and-swap update), a
+//! manifest is never torn (objects appear whole), and a replica finds every change in one LIST.
+//!
+//! Revisions are stored by content hash, so the files of a deploy that loses the race are
+//! harmless and two replicas uploading the same content write the same objects. A replica
+//! verifies the hash of what it downloads before it serves it.
+//!
+//! The replica's own copy (the cache) is a [`crate::store::Store`]: it serves from there, so a
+//! replica that starts while the shared store is unreachable serves what it has cached.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Manifest generations kept per deployment (older ones are deleted by the writer).
+const KEPT_GENERATIONS: u64 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SharedStoreError {
+    /// Another replica changed the deployment between our read and our write.
+    #[error(
+        "'{}' was changed by another replica at the same time (generation {generation} is taken); nothing of this request was published: read the model's state and retry",
+        crate::namespace::shown(.key)
+    )]
+    Conflict { key: String, generation: u64 },
+    #[error("the shared deployment store is unreachable or failed: {0}")]
+    Unavailable(#[from] object_store::Error),
+    #[error("the shared deployment store holds something unreadable: {0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One deployment's state, as every replica reads it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SharedManifest {
+    pub generation: u64,
+    /// The revision that serves (0: none yet).
+    pub current: u64,
+    /// False after an unload.
+    pub loaded: bool,
+    /// Kept revisions, oldest first.
+    pub revisions: Vec<SharedRevision>,
+    /// Which replica wrote this generation (for the log).
+    #[serde(default)]
+    pub written_by: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SharedRevision {
+    pub revision: u64,
+    /// [`content_hash`] of the files.
+    pub content: String,
+    /// The files' paths, relative to the revision.
+    pub files: Vec<String>,
+    /// Seconds since the Unix epoch.
+    pub deployed_at: u64,
+}
+
+impl SharedManifest {
+    pub fn revision(&self, revision: u64) -> Option<&SharedRevision> {
+        self.revisions.iter().find(|r| r.revision == revision)
+    }
+
+    /// The revision a new deployment gets.
+    pub fn next_revision(&self) -> u64 {
+        self.revisions
+            .iter()
+            .map(|r| r.revision)
+            .max()
+            .unwrap_or(0)
+            .max(self.current)
+            + 1
+    }
+
+    /// The revision before the serving one.
+    pub fn previous(&self) -> Option<&SharedRevision> {
+        self.revisions
+            .iter()
+            .filter(|r| r.revision < self.current)
+            .max_by_key(|r| r.revision)
+    }
+}
+
+/// The content hash of a revision's files: SHA-256 over each path and its bytes, in path order.
+pub fn content_hash(files: &[(PathBuf, Bytes)]) -> String {
+    let mut sorted: Vec<&(PathBuf, Bytes)> = files.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut hasher = Sha256::new();
+    for (path, bytes) in sorted {
+        let path = path.to_string_lossy();
+        hasher.update((path.len() as u64).to_le_bytes());
+        hasher.update(path.as_bytes());
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// The shared store, for one area (`models` or `functions`).
+#[derive(Clone)]
+pub struct SharedArea {
+    store: Arc<SharedStore>,
+    area: &'static str,
+}
+
+pub struct SharedStore {
+    objects: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    /// Shown in logs and in the manifests this replica writes.
+    replica: String,
+    url: String,
+}
+
+impl SharedStore {
+    /// Opens the store a `--store` URL names: `s3://bucket/prefix` (credentials, region and
+    /// endpoint from the usual `AWS_*` environment) or `file:///path` (a shared directory).
+    pub fn open(url: &str, replica: &str) -> Result<SharedStore, SharedStoreError> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| SharedStoreError::Invalid(format!("--store '{url}': {e}")))?;
+        // Failures are reported quickly, not retried for minutes: a replica serves its cache
+        // meanwhile, and the watcher tries again on its next round.
+        let retry = object_store::RetryConfig {
+            max_retries: 2,
+            retry_timeout: Duration::from_secs(5),
+            backoff: object_store::BackoffConfig::default(),
+        };
+        let (objects, prefix): (Arc<dyn ObjectStore>, String) = match parsed.scheme() {
+            "s3" | "s3a" => {
+                let bucket = parsed.host_str().unwrap_or_default();
+                // Set key by key: `with_client_options` would drop what the environment set
+                // (AWS_ALLOW_HTTP among it).
+                use object_store::ClientConfigKey as Client;
+                use object_store::aws::AmazonS3ConfigKey as Key;
+                let s3 = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_retry(retry)
+                    .with_config(Key::Client(Client::ConnectTimeout), "2s")
+                    .with_config(Key::Client(Client::Timeout), "30s")
+                    .build()
+                    .map_err(|e| SharedStoreError::Invalid(format!("--store '{url}': {e}")))?;
+                (Arc::new(s3), parsed.path().trim_matches('/').to_owned())
+            }
+            "file" => {
+                let dir = parsed.to_file_path().map_err(|()| {
+                    SharedStoreError::Invalid(format!("--store '{url}': not a local path"))
+                })?;
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    SharedStoreError::Invalid(format!("--store '{url}': cannot create it: {e}"))
+                })?;
+                let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| SharedStoreError::Invalid(format!("--store '{url}': {e}")))?;
+                (Arc::new(local), String::new())
+            }
+            other => {
+                return Err(SharedStoreError::Invalid(format!(
+                    "--store '{url}': '{other}://' is not supported (s3:// for S3 and S3-compatible servers, file:// for a shared directory, or a plain path for one server's own store)"
+                )));
+            }
+        };
+        Ok(SharedStore {
+            objects,
+            prefix: ObjectPath::from(prefix),
+            replica: replica.to_owned(),
+            url: url.to_owned(),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn area(self: &Arc<Self>, area: &'static str) -> SharedArea {
+        SharedArea {
+            store: self.clone(),
+            area,
+        }
+    }
+
+    fn path(&self, parts: &[&str]) -> ObjectPath {
+        let mut path = self.prefix.clone();
+        for part in parts {
+            for piece in part.split('/') {
+                path = path.child(piece);
+            }
+        }
+        path
+    }
+}
+
+/// `o/<name>` or `t/<tenant>/<name>`.
+fn key_path(key: &str) -> String {
+    let key = crate::namespace::ModelKey::parse(key);
+    match key.tenant {
+        Some(tenant) => format!("t/{tenant}/{}", key.name),
+        None => format!("o/{}", key.name),
+    }
+}
+
+/// The key and generation of a manifest object, from its path below `<area>/manifests/`.
+fn parse_manifest_path(rest: &[&str]) -> Option<(String, u64)> {
+    let (key, file) = match rest {
+        ["o", name, file] => ((*name).to_owned(), *file),
+        ["t", tenant, name, file] => (format!("{tenant}/{name}"), *file),
+        _ => return None,
+    };
+    crate::store::check_key(&key).ok()?;
+    let generation = file.strip_suffix(".json")?.parse::<u64>().ok()?;
+    Some((key, generation))
+}
+
+impl SharedArea {
+    pub fn url(&self) -> &str {
+        &self.store.url
+    }
+
+    fn manifests_prefix(&self) -> ObjectPath {
+        self.store.path(&[self.area, "manifests"])
+    }
+
+    fn manifest_path(&self, key: &str, generation: u64) -> ObjectPath {
+        self.store.path(&[
+            self.area,
+            "manifests",
+            &key_path(key),
+            &format!("{generation:020}.json"),
+        ])
+    }
+
+    fn file_path(&self, key: &str, content: &str, file: &str) -> ObjectPath {
+        self.store
+            .path(&[self.area, "revisions", &key_path(key), content, file])
+    }
+
+    /// The newest generation of every deployment (one LIST).
+    pub async fn generations(&self) -> Result<BTreeMap<String, u64>, SharedStoreError> {
+        let prefix = self.manifests_prefix();
+        let depth = prefix.parts().count();
+        let listed: Vec<_> = self.store.objects.list(Some(&prefix)).try_collect().await?;
+        let mut newest = BTreeMap::new();
+        for meta in listed {
+            let parts: Vec<String> = meta
+                .location
+                .parts()
+                .skip(depth)
+                .map(|p| p.as_ref().to_owned())
+                .collect();
+            let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+            if let Some((key, generation)) = parse_manifest_path(&parts) {
+                let at = newest.entry(key).or_insert(0);
+                *at = (*at).max(generation);
+            }
+        }
+        Ok(newest)
+    }
+
+    /// The newest manifest of `key`, read fresh from the store (`None`: never deployed).
+    pub async fn latest(&self, key: &str) -> Result<Option<SharedManifest>, SharedStoreError> {
+        let prefix = self.store.path(&[self.area, "manifests", &key_path(key)]);
+        let listed: Vec<_> = self.store.objects.list(Some(&prefix)).try_collect().await?;
+        let newest = listed
+            .iter()
+            .filter_map(|m| {
+                m.location
+                    .filename()?
+                    .strip_suffix(".json")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max();
+        match newest {
+            Some(generation) => self.manifest(key, generation).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn manifest(
+        &self,
+        key: &str,
+        generation: u64,
+    ) -> Result<SharedManifest, SharedStoreError> {
+        let path = self.manifest_path(key, generation);
+        let bytes = self.store.objects.get(&path).await?.bytes().await?;
+        let manifest: SharedManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| SharedStoreError::Corrupt(format!("{path}: {e}")))?;
+        if manifest.generation != generation {
+            return Err(SharedStoreError::Corrupt(format!(
+                "{path} says it is generation {}",
+                manifest.generation
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// Uploads a revision's files under their content hash (idempotent).
+    pub async fn upload(
+        &self,
+        key: &str,
+        files: &[(PathBuf, Bytes)],
+    ) -> Result<SharedRevisionFiles, SharedStoreError> {
+        let content = content_hash(files);
+        let mut names = Vec::with_capacity(files.len());
+        for (path, bytes) in files {
+            let name = path.to_string_lossy().into_owned();
+            let at = self.file_path(key, &content, &name);
+            self.store
+                .objects
+                .put(&at, PutPayload::from_bytes(bytes.clone()))
+                .await?;
+            names.push(name);
+        }
+        names.sort();
+        Ok(SharedRevisionFiles {
+            content,
+            files: names,
+        })
+    }
+
+    /// Downloads a revision's files and checks their content hash.
+    pub async fn download(
+        &self,
+        key: &str,
+        revision: &SharedRevision,
+    ) -> Result<Vec<(PathBuf, Bytes)>, SharedStoreError> {
+        let mut files = Vec::with_capacity(revision.files.len());
+        for name in &revision.files {
+            let relative = crate::store::check_relative_path(name)
+                .map_err(|e| SharedStoreError::Corrupt(e.to_string()))?;
+            let at = self.file_path(key, &revision.content, name);
+            let bytes = self.store.objects.get(&at).await?.bytes().await?;
+            files.push((relative, bytes));
+        }
+        let found = content_hash(&files);
+        if found != revision.content {
+            return Err(SharedStoreError::Corrupt(format!(
+                "revision {} of '{}' hashes to {found}, not {}",
+                revision.revision,
+                crate::namespace::shown(key),
+                revision.content
+            )));
+        }
+        Ok(files)
+    }
+
+    /// Publishes `next` as the generation after `base`'s (`None`: the first), create-only:
+    /// [`SharedStoreError::Conflict`] if another replica took that generation first.
+    pub async fn publish(
+        &self,
+        key: &str,
+        base: Option<&SharedManifest>,
+        mut next: SharedManifest,
+    ) -> Result<SharedManifest, SharedStoreError> {
+        next.generation = base.map_or(0, |b| b.generation) + 1;
+        next.written_by = self.store.replica.clone();
+        while next.revisions.len() > crate::store::KEPT_REVISIONS {
+            let Some(oldest) = next
+                .revisions
+                .iter()
+                .position(|r| r.revision != next.current)
+            else {
+                break;
+            };
+            next.revisions.remove(oldest);
+        }
+        let bytes = serde_json::to_vec_pretty(&next)
+            .map_err(|e| SharedStoreError::Invalid(e.to_string()))?;
+        let at = self.manifest_path(key, next.generation);
+        let put = self
+            .store
+            .objects
+            .put_opts(
+                &at,
+                PutPayload::from(bytes),
+                PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                },
+            )
+            .await;
+        match put {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(SharedStoreError::Conflict {
+                    key: key.to_owned(),
+                    generation: next.generation,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.collect_garbage(key, base, &next).await;
+        Ok(next)
+    }
+
+    /// Deletes old generations and the files of revisions no longer kept. Failures only cost
+    /// space: they are logged.
+    async fn collect_garbage(
+        &self,
+        key: &str,
+        base: Option<&SharedManifest>,
+        next: &SharedManifest,
+    ) {
+        if next.generation > KEPT_GENERATIONS {
+            let old = self.manifest_path(key, next.generation - KEPT_GENERATIONS);
+            if let Err(e) = self.store.objects.delete(&old).await
+                && !matches!(e, object_store::Error::NotFound { .. })
+            {
+                tracing::warn!(key, "cannot delete {old}: {e}");
+            }
+        }
+        let Some(base) = base else { return };
+        for dropped in &base.revisions {
+            let still_used = next.revisions.iter().any(|r| r.content == dropped.content);
+            if still_used || next.revision(dropped.revision).is_some() {
+                continue;
+            }
+            for name in &dropped.files {
+                let at = self.file_path(key, &dropped.content, name);
+                if let Err(e) = self.store.objects.delete(&at).await
+                    && !matches!(e, object_store::Error::NotFound { .. })
+                {
+                    tracing::warn!(key, "cannot delete {at}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// What [`SharedArea::upload`] stored.
+pub struct SharedRevisionFiles {
+    pub content: String,
+    pub files: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn area(dir: &std::path::Path, replica: &str) -> SharedArea {
+        let url = url::Url::from_directory_path(dir)
+            .expect("a path")
+            .to_string();
+        Arc::new(SharedStore::open(&url, replica).expect("opens")).area("models")
+    }
+
+    fn files(text: &'static str) -> Vec<(PathBuf, Bytes)> {
+        vec![
+            (
+                PathBuf::from("config.pbtxt"),
+                Bytes::from_static(b"name: \"m\""),
+            ),
+            (
+                PathBuf::from("1/model.wasm"),
+                Bytes::from_static(text.as_bytes()),
+            ),
+        ]
+    }
+
+    #[tokio::test]
+    async fn generations_are_create_only_and_one_writer_wins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (area(dir.path(), "a"), area(dir.path(), "b"));
+        let uploaded = a.upload("m", &files("one")).await.expect("upload");
+        let revision = SharedRevision {
+            revision: 1,
+            content: uploaded.content,
+            files: uploaded.files,
+            deployed_at: 0,
+        };
+        let first = SharedManifest {
+            current: 1,
+            loaded: true,
+            revisions: vec![revision.clone()],
+            ..Default::default()
+        };
+        let published = a.publish("m", None, first.clone()).await.expect("first");
+        assert_eq!(published.generation, 1);
+        // b read nothing yet: its first generation is taken.
+        let lost = b.publish("m", None, first).await;
+        assert!(matches!(
+            lost,
+            Err(SharedStoreError::Conflict { generation: 1, .. })
+        ));
+        let seen = b.latest("m").await.expect("read").expect("deployed");
+        assert_eq!(seen, published);
+        assert_eq!(b.generations().await.expect("list").get("m"), Some(&1));
+        let back = b.download("m", &revision).await.expect("download");
+        assert_eq!(content_hash(&back), revision.content);
+    }
+
+    #[tokio::test]
+    async fn tenants_keys_are_apart_and_a_changed_file_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = area(dir.path(), "a");
+        let uploaded = a.upload("acme/m", &files("two")).await.expect("upload");
+        let revision = SharedRevision {
+            revision: 1,
+            content: uploaded.content,
+            files: uploaded.files,
+            deployed_at: 0,
+        };
+        let manifest = SharedManifest {
+            current: 1,
+            loaded: true,
+            revisions: vec![revision.clone()],
+            ..Default::default()
+        };
+        a.publish("acme/m", None, manifest).await.expect("publish");
+        let generations = a.generations().await.expect("list");
+        assert_eq!(generations.keys().collect::<Vec<_>>(), vec!["acme/m"]);
+        assert!(a.latest("m").await.expect("read").is_none());
+        let on_disk = dir
+            .path()
+            .join("models/revisions/t/acme/m")
+            .join(&revision.content)
+            .join("1/model.wasm");
+        std::fs::write(&on_disk, b"tampered").expect("write");
+        assert!(matches!(
+            a.download("acme/m", &revision).await,
+            Err(SharedStoreError::Corrupt(_))
+        ));
+    }
+}
