@@ -9,7 +9,7 @@ costs a deploy, side by side in one run:
 For each, ROUNDS deploys of a small ONNX model (add_sub, alternating max_batch_size) to the
 first replica: the deploy call's time (until it is acknowledged: durable in the store and
 serving there), and from the acknowledgement until every replica serves the new revision
-(polled every 10 ms). Prints a markdown table. Not run in CI.
+(polled every 10 ms), with each deploy at a random point of the polling period. Prints a markdown table. Not run in CI.
 
     .venv/bin/python bench/replicas.py [--bin target/release/tessera] [--rounds 20]
         [--poll-ms 1000]
@@ -21,6 +21,7 @@ import base64
 import http.client
 import json
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -105,9 +106,13 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def measure(ports: list[int], rounds: int) -> tuple[list[float], list[float]]:
+def measure(ports: list[int], rounds: int, poll_ms: int) -> tuple[list[float], list[float]]:
     acks, everywhere = [], []
+    rng = random.Random(7)
     for i in range(rounds):
+        # A deploy lands at a random point of the replicas' polling period, as in real use
+        # (deploying right after the last convergence would always wait a whole period).
+        time.sleep(rng.uniform(0, poll_ms / 1000))
         size = 2 + i % 2 * 2
         body = {"parameters": {"config": config("m", size),
                                "file:1/model.onnx": base64.b64encode(ONNX).decode()}}
@@ -159,7 +164,7 @@ def main() -> None:
                 proc, port = start(args.bin, store, cache, env, args.poll_ms, repo, scratch)
                 procs.append(proc)
                 ports.append(port)
-            acks, everywhere = measure(ports, args.rounds)
+            acks, everywhere = measure(ports, args.rounds, args.poll_ms)
             rows.append((label, acks, everywhere if count > 1 else None))
             for proc in procs:
                 proc.terminate()
