@@ -113,6 +113,13 @@ pub async fn deploy<T: Target>(
         Some(shared) => Some(shared.latest(key).await?),
         None => None,
     };
+    if let Some(Some(newest)) = &base
+        && store.manifest(key).map_or(0, |m| m.generation) < newest.generation
+    {
+        // This replica has not applied the newest state yet: it does first, so that what it
+        // compares the upload with ("unchanged?") is what the store serves.
+        follow(store, target, key, newest).await?;
+    }
     let number = base
         .as_ref()
         .map(|b| b.as_ref().map_or(1, SharedManifest::next_revision));

@@ -412,9 +412,10 @@ impl Server {
                         generation,
                         "cannot apply a change of the shared store: {e}"
                     );
-                    // A build that fails here is not retried until the next change; a store
-                    // that fails is, next round.
-                    if matches!(e, ControlError::Invalid(_))
+                    // A change that cannot be applied here (its build fails, its files are
+                    // damaged) is not retried until the next change; a store that fails to
+                    // answer is, next round.
+                    if !matches!(e, ControlError::Unavailable(_))
                         && let Ok(mut failures) = self.shared_failures.lock()
                     {
                         failures.insert(key, generation);
