@@ -179,13 +179,6 @@ impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
         // Before the stores open: it removes what a crash left of a deleted tenant.
-        if options.shared_store.is_some() && options.admin_key.is_some() {
-            // The tenant registry (keys, quotas, grants) is one server's file: tenants'
-            // deployments would reach every replica but their keys would not.
-            anyhow::bail!(
-                "tenancy (an admin key) with a shared store (--store s3://… or file://…) is not supported yet: the tenant registry is not shared between replicas"
-            );
-        }
         let shared = match &options.shared_store {
             Some(url) => {
                 let replica = replica_name();
@@ -200,10 +193,13 @@ impl Server {
             (Some(_), None) => {
                 anyhow::bail!("tenancy (an admin key) needs a deployment store (--store)")
             }
-            (Some(key), Some(dir)) => {
-                let (key, dir) = (key.0.clone(), dir.clone());
-                tokio::task::spawn_blocking(move || Tenants::open(&dir, &key)).await??
-            }
+            (Some(key), Some(dir)) => match &shared {
+                Some(shared) => Tenants::open_shared(dir, &key.0, shared.clone()).await?,
+                None => {
+                    let (key, dir) = (key.0.clone(), dir.clone());
+                    tokio::task::spawn_blocking(move || Tenants::open(&dir, &key)).await??
+                }
+            },
         });
         let (store, function_store) = match &options.store_dir {
             Some(dir) => {
@@ -355,6 +351,7 @@ impl Server {
     /// One round of following the shared store: applies every deployment whose newest
     /// generation this replica has not applied, models first (functions call them).
     async fn follow_shared_store(&self) {
+        self.follow_shared_tenants().await;
         let stores = [
             (self.repository.store().cloned(), true),
             (self.functions.store().cloned(), false),
@@ -385,6 +382,10 @@ impl Server {
                 }
             };
             for (key, generation) in generations {
+                if !self.tenants.enabled() && ModelKey::is_key(&key) {
+                    // Tenants' deployments, on a replica without tenancy: nobody could call them.
+                    continue;
+                }
                 let applied = store.manifest(&key).map_or(0, |m| m.generation);
                 let failed = self
                     .shared_failures
@@ -422,6 +423,33 @@ impl Server {
                     }
                 }
             }
+        }
+    }
+
+    /// The tenants round of [`Server::follow_shared_store`]: a newer registry serves here, and
+    /// the deployments of tenants it no longer names are removed here.
+    async fn follow_shared_tenants(&self) {
+        let Some(shared) = self.tenants.shared() else {
+            return;
+        };
+        let generation = match shared.registry_generation().await {
+            Ok(g) if g > self.tenants.generation() => g,
+            _ => return,
+        };
+        let followed = match shared.registry(generation).await {
+            Ok(bytes) => crate::deploy::disk(|| self.tenants.follow(generation, &bytes))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match followed {
+            Ok(gone) => {
+                for tenant in gone {
+                    if let Err(e) = self.remove_tenant_here(&tenant).await {
+                        tracing::error!(tenant, "removing a deleted tenant's deployments: {e}");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(generation, "cannot serve the shared tenant registry: {e}"),
         }
     }
 
@@ -1165,6 +1193,16 @@ impl Server {
     /// files that the next start removes.
     pub async fn delete_tenant(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
         crate::deploy::disk(|| self.tenants.delete(name))?;
+        if let Some(shared) = self.tenants.shared() {
+            // The keys stopped with the registry's new generation; the deployments go from the
+            // shared store, and every replica removes its copies when it sees the registry.
+            shared.remove_tenant(name).await?;
+        }
+        self.remove_tenant_here(name).await
+    }
+
+    /// Unloads a deleted tenant's models and functions on this server and removes their files.
+    async fn remove_tenant_here(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
         let prefix = ModelKey::tenant_prefix(name);
         let models: Vec<String> = self
             .repository

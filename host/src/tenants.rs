@@ -53,6 +53,27 @@ pub enum TenantError {
     /// the whole error.
     #[error("{}", .0.for_client())]
     Store(#[from] StoreError),
+    /// The shared store cannot be reached: nothing changed.
+    #[error(
+        "the shared deployment store is unreachable; the tenant registry was not changed (details in the server log)"
+    )]
+    Unavailable,
+}
+
+impl From<crate::store::shared::SharedStoreError> for TenantError {
+    fn from(e: crate::store::shared::SharedStoreError) -> Self {
+        use crate::store::shared::SharedStoreError;
+        match e {
+            SharedStoreError::Conflict { .. } => TenantError::Conflict(
+                "the tenant registry was changed by another replica at the same time; nothing of this request was published: retry".into(),
+            ),
+            SharedStoreError::Invalid(m) => TenantError::Invalid(m),
+            e => {
+                tracing::error!("tenant registry: {e}");
+                TenantError::Unavailable
+            }
+        }
+    }
 }
 
 /// Why a request was not authenticated (401).
@@ -155,6 +176,13 @@ struct TenantRecord {
 #[derive(Default, Serialize, Deserialize)]
 struct RegistryFile {
     tenants: Vec<TenantRecord>,
+    /// With a shared store: the registry generation this file holds (0 otherwise).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    generation: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What the admin API shows of a tenant (never a key or its hash).
@@ -435,6 +463,16 @@ impl Registry {
     }
 }
 
+fn parse_registry(bytes: &[u8], generation: u64) -> Result<RegistryFile, TenantError> {
+    let mut file: RegistryFile = serde_json::from_slice(bytes).map_err(|e| {
+        TenantError::Invalid(format!(
+            "the shared tenant registry, generation {generation}: {e}"
+        ))
+    })?;
+    file.generation = generation;
+    Ok(file)
+}
+
 /// The tenants of a server.
 pub struct Tenants {
     /// Set when tenancy is on: the keyed hash of the admin key.
@@ -444,6 +482,10 @@ pub struct Tenants {
     registry: ArcSwap<Registry>,
     /// One change at a time: read, write the file, swap.
     writer: Mutex<()>,
+    /// The store replicas share, which holds the registry every replica serves.
+    shared: Option<Arc<crate::store::shared::SharedStore>>,
+    /// The shared registry generation this replica serves.
+    generation: AtomicU64,
 }
 
 fn now_unix() -> u64 {
@@ -477,13 +519,113 @@ impl Tenants {
             secret: [0; 32],
             registry: ArcSwap::default(),
             writer: Mutex::new(()),
+            shared: None,
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// [`Tenants::open`] for a replica of a shared store: the secret and the registry come from
+    /// the shared store, cached under `root`; a replica that cannot reach the store starts from
+    /// its cache (and refuses to start without one: a secret of its own would not match).
+    pub async fn open_shared(
+        root: &Path,
+        admin_key: &str,
+        shared: Arc<crate::store::shared::SharedStore>,
+    ) -> Result<Tenants, TenantError> {
+        let secret = match shared.tenant_secret().await {
+            Ok(secret) => Some(secret),
+            Err(e) => {
+                tracing::error!("{e}; tenants start from this replica's cache");
+                None
+            }
+        };
+        let registry = match shared.registry_generation().await {
+            Ok(0) => Some(RegistryFile::default()),
+            Ok(generation) => match shared.registry(generation).await {
+                Ok(bytes) => Some(parse_registry(&bytes, generation)?),
+                Err(e) => {
+                    tracing::error!("{e}; tenants start from this replica's cache");
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        let (root, key) = (root.to_owned(), admin_key.to_owned());
+        let mut tenants = tokio::task::spawn_blocking(move || {
+            Tenants::open_with(&root, &key, Some((secret, registry)))
+        })
+        .await
+        .map_err(|e| TenantError::Invalid(e.to_string()))??;
+        tenants.shared = Some(shared);
+        Ok(tenants)
+    }
+
+    /// The store replicas share, when this server is one of them.
+    pub fn shared(&self) -> Option<&Arc<crate::store::shared::SharedStore>> {
+        self.shared.as_ref()
+    }
+
+    /// The shared registry generation this replica serves.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Serves `generation` of the shared registry (another replica changed it); returns the
+    /// tenants it no longer names, whose deployments the caller removes here.
+    pub fn follow(&self, generation: u64, bytes: &[u8]) -> Result<Vec<String>, TenantError> {
+        let file = parse_registry(bytes, generation)?;
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if generation <= self.generation() {
+            return Ok(Vec::new());
+        }
+        let previous = self.registry.load_full();
+        self.serve(&previous, file.tenants.clone(), generation)?;
+        let gone = previous
+            .by_name
+            .keys()
+            .filter(|name| !file.tenants.iter().any(|r| &&r.name == name))
+            .cloned()
+            .collect();
+        Ok(gone)
+    }
+
+    /// Writes `records` to the cache file and serves them.
+    fn serve(
+        &self,
+        previous: &Registry,
+        records: Vec<TenantRecord>,
+        generation: u64,
+    ) -> Result<(), TenantError> {
+        let bytes = serde_json::to_vec_pretty(&RegistryFile {
+            tenants: records.clone(),
+            generation,
+        })
+        .map_err(|e| TenantError::Invalid(e.to_string()))?;
+        replace_file(&self.root.join(REGISTRY_FILE), &bytes)?;
+        let mut next = Registry::default();
+        for record in records {
+            let old = previous.by_name.get(&record.name).map(|t| &**t);
+            next.insert(Arc::new(Tenant::new(record, old)));
+        }
+        self.registry.store(Arc::new(next));
+        self.generation.store(generation, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Opens the registry of the store at `root` (creating its secret on first use) with tenancy
     /// on, and removes the folders of tenants it does not name (a crash during a deletion).
     /// Blocks on the disk.
     pub fn open(root: &Path, admin_key: &str) -> Result<Tenants, TenantError> {
+        Tenants::open_with(root, admin_key, None)
+    }
+
+    /// `shared`: a replica's secret and registry as the shared store gave them (`None` each
+    /// where it could not), to cache and serve.
+    fn open_with(
+        root: &Path,
+        admin_key: &str,
+        shared: Option<(Option<[u8; 32]>, Option<RegistryFile>)>,
+    ) -> Result<Tenants, TenantError> {
         if admin_key.len() < 16 {
             return Err(TenantError::Invalid(
                 "the admin key must be at least 16 characters".into(),
@@ -491,10 +633,18 @@ impl Tenants {
         }
         std::fs::create_dir_all(root).map_err(io(root))?;
         let secret_path = root.join(SECRET_FILE);
+        if let Some((Some(secret), _)) = &shared {
+            replace_file(&secret_path, secret)?;
+        }
         let secret: [u8; 32] = match std::fs::read(&secret_path) {
             Ok(bytes) => bytes.try_into().map_err(|_| {
                 TenantError::Invalid(format!("{} is not 32 bytes", secret_path.display()))
             })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && shared.is_some() => {
+                return Err(TenantError::Invalid(
+                    "the shared deployment store is unreachable and this replica has no cached tenant secret: it cannot check tenants' keys; start it once the store answers".into(),
+                ));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let secret = random_bytes::<32>()?;
                 replace_file(&secret_path, &secret)?;
@@ -509,12 +659,18 @@ impl Tenants {
             Err(e) => return Err(io(&secret_path)(e)),
         };
         let registry_path = root.join(REGISTRY_FILE);
+        if let Some((_, Some(file))) = &shared {
+            let bytes =
+                serde_json::to_vec_pretty(file).map_err(|e| TenantError::Invalid(e.to_string()))?;
+            replace_file(&registry_path, &bytes)?;
+        }
         let file: RegistryFile = match std::fs::read(&registry_path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| TenantError::Invalid(format!("{}: {e}", registry_path.display())))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => RegistryFile::default(),
             Err(e) => return Err(io(&registry_path)(e)),
         };
+        let generation = file.generation;
         let mut registry = Registry::default();
         for record in file.tenants {
             registry.insert(Arc::new(Tenant::new(record, None)));
@@ -536,6 +692,8 @@ impl Tenants {
             secret,
             registry: ArcSwap::from_pointee(registry),
             writer: Mutex::new(()),
+            shared: None,
+            generation: AtomicU64::new(generation),
         };
         Ok(Tenants {
             admin: Some(tenants.mac(admin_key)),
@@ -670,19 +828,33 @@ impl Tenants {
         }
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let previous = self.registry.load_full();
-        let mut records = previous.records();
+        let Some(shared) = &self.shared else {
+            let mut records = previous.records();
+            let out = change(&mut records)?;
+            self.serve(&previous, records, 0)?;
+            return Ok(out);
+        };
+        // A replica: the change applies to the newest shared registry, read fresh, and is
+        // published as its next generation (create-only) before it serves here. Callers run
+        // this through `deploy::disk` (block_in_place), where blocking on the runtime is allowed.
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| TenantError::Invalid("no runtime for the shared store".into()))?;
+        let (generation, mut records) = runtime.block_on(async {
+            let generation = shared.registry_generation().await?;
+            let records = match generation {
+                0 => Vec::new(),
+                g => parse_registry(&shared.registry(g).await?, g)?.tenants,
+            };
+            Ok::<_, TenantError>((generation, records))
+        })?;
         let out = change(&mut records)?;
         let bytes = serde_json::to_vec_pretty(&RegistryFile {
             tenants: records.clone(),
+            generation: generation + 1,
         })
         .map_err(|e| TenantError::Invalid(e.to_string()))?;
-        replace_file(&self.root.join(REGISTRY_FILE), &bytes)?;
-        let mut next = Registry::default();
-        for record in records {
-            let old = previous.by_name.get(&record.name).map(|t| &**t);
-            next.insert(Arc::new(Tenant::new(record, old)));
-        }
-        self.registry.store(Arc::new(next));
+        runtime.block_on(shared.publish_registry(generation + 1, bytes::Bytes::from(bytes)))?;
+        self.serve(&previous, records, generation + 1)?;
         Ok(out)
     }
 

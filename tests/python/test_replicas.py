@@ -148,7 +148,7 @@ class Replicas:
         self.repo.mkdir(exist_ok=True)
         self.running: list[tuple] = []
 
-    def start(self, index: int | None = None):
+    def start(self, index: int | None = None, extra: list[str] | None = None):
         """Starts a replica; with `index`, again on that replica's cache (a restart)."""
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
@@ -156,7 +156,8 @@ class Replicas:
             cache = self.scratch / f"cache-{len(self.running) if index is None else index}"
             srv, proc, log = launch(binary(), [
                 "--model-repository", str(self.repo), "--model-control-mode", "explicit",
-                "--store", self.url, "--store-cache", str(cache), "--store-poll-ms", POLL_MS])
+                "--store", self.url, "--store-cache", str(cache), "--store-poll-ms", POLL_MS,
+                *(extra or [])])
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -412,3 +413,67 @@ def test_a_second_server_on_one_store_directory_is_refused(tmp_path):
         assert "in use by another server" in second.stderr, second.stderr[-2000:]
     finally:
         stop(proc, log)
+
+
+ADMIN_KEY = "pytest-replicas-admin-key-0123"
+
+
+@pytest.fixture(scope="module")
+def tenant_replicas(shared, request):
+    """Two replicas with tenancy on, on a store of their own beside the other tests'."""
+    url, env, _, scratch = shared
+    key_file = scratch / "admin.key"
+    key_file.write_text(ADMIN_KEY)
+    (scratch / "tenants").mkdir(exist_ok=True)
+    group = Replicas(url + "-tenants", env, scratch / "tenants")
+    servers = []
+    for _ in range(2):
+        servers.append(group.start(extra=["--admin-key-file", str(key_file)]))
+    failed_before = request.session.testsfailed
+    yield servers
+    group.stop_all(keep=request.session.testsfailed > failed_before)
+
+
+def admin(srv, method: str, path: str, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    return srv.request(method, path, data, {"Authorization": f"Bearer {ADMIN_KEY}",
+                                           "Content-Type": "application/json"})
+
+
+def as_tenant(srv, key: str, method: str, path: str, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    return srv.request(method, path, data, {"Authorization": f"Bearer {key}",
+                                           "Content-Type": "application/json"})
+
+
+def test_tenants_keys_and_deployments_reach_every_replica(tenant_replicas):
+    a, b = tenant_replicas
+    status, _, body = admin(a, "POST", "/v1/tenants", {"name": "acme"})
+    assert status == 201, body
+    status, _, body = admin(a, "POST", "/v1/tenants/acme/keys")
+    assert status in (200, 201), body
+    key = json.loads(body)["key"]
+    # The key issued on one replica opens the other.
+    wait_for(lambda: as_tenant(b, key, "POST", "/v2/repository/index", {})[0] == 200, 15)
+    body = {"parameters": {"config": config("mine", 4),
+                           "file:1/model.onnx": base64.b64encode(ONNX).decode()}}
+    status, _, answer = as_tenant(b, key, "POST", "/v2/repository/models/mine/load", body)
+    assert status == 200, answer
+    infer = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}
+                        for n in ("INPUT0", "INPUT1")]}
+    wait_for(lambda: as_tenant(a, key, "POST", "/v2/models/mine/infer", infer)[0] == 200, 15)
+    # The operator does not see a tenant's model by its name.
+    assert a.post_json("/v2/models/mine/infer", infer)[0] in (401, 404)
+    # Deleted on one replica: its keys and its deployments end on all.
+    status, _, answer = admin(b, "DELETE", "/v1/tenants/acme")
+    assert status in (200, 204), answer
+    wait_for(lambda: as_tenant(a, key, "POST", "/v2/repository/index", {})[0] == 401, 15)
+    # A new tenant of the same name inherits nothing.
+    status, _, body = admin(a, "POST", "/v1/tenants", {"name": "acme"})
+    assert status == 201, body
+    fresh = json.loads(admin(a, "POST", "/v1/tenants/acme/keys")[2])["key"]
+    wait_for(lambda: as_tenant(b, fresh, "POST", "/v2/repository/index", {})[0] == 200, 15)
+    for srv in (a, b):
+        names = [row["name"] for row in
+                 json.loads(as_tenant(srv, fresh, "POST", "/v2/repository/index", {})[2])]
+        assert "mine" not in names

@@ -104,6 +104,7 @@ impl From<&TenantError> for ApiError {
         let (status, code) = match e {
             TenantError::NotFound(_) => (StatusCode::NOT_FOUND, Code::NotFound),
             TenantError::Conflict(_) => (StatusCode::CONFLICT, Code::AlreadyExists),
+            TenantError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
             TenantError::Invalid(_) | TenantError::Disabled => {
                 (StatusCode::BAD_REQUEST, Code::InvalidArgument)
             }

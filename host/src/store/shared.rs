@@ -4,6 +4,9 @@
 //! ```text
 //! <prefix>/<area>/manifests/<key>/<generation>.json   immutable; the highest generation is the state
 //! <prefix>/<area>/revisions/<key>/<content>/<file>    a revision's files, by their content hash
+//!
+//! <prefix>/tenants/registry/<generation>.json         the tenant registry, generations as above
+//! <prefix>/tenants/secret                            the key-hashing secret, created once
 //! ```
 //!
 //! `<area>` is `models` or `functions`; `<key>` is `o/<name>` for the operator's deployments and
@@ -212,6 +215,119 @@ impl SharedStore {
     }
 }
 
+impl SharedStore {
+    /// The secret tenants' key hashes are keyed with, the same on every replica: created by the
+    /// first replica that needs it (create-only), read by the others.
+    pub async fn tenant_secret(&self) -> Result<[u8; 32], SharedStoreError> {
+        let at = self.path(&["tenants", "secret"]);
+        for _ in 0..2 {
+            match self.objects.get(&at).await {
+                Ok(found) => {
+                    let bytes = found.bytes().await?;
+                    return <[u8; 32]>::try_from(bytes.as_ref())
+                        .map_err(|_| SharedStoreError::Corrupt(format!("{at} is not 32 bytes")));
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let mut secret = [0u8; 32];
+            getrandom::fill(&mut secret)
+                .map_err(|e| SharedStoreError::Invalid(format!("no random numbers: {e}")))?;
+            match self.create(&at, Bytes::copy_from_slice(&secret)).await {
+                Ok(true) => return Ok(secret),
+                // Another replica created it first: read theirs.
+                Ok(false) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(SharedStoreError::Corrupt(format!(
+            "{at} cannot be created nor read"
+        )))
+    }
+
+    /// The newest generation of the tenant registry (0: none yet).
+    pub async fn registry_generation(&self) -> Result<u64, SharedStoreError> {
+        let prefix = self.path(&["tenants", "registry"]);
+        let listed: Vec<_> = self.objects.list(Some(&prefix)).try_collect().await?;
+        Ok(listed
+            .iter()
+            .filter_map(|m| {
+                m.location
+                    .filename()?
+                    .strip_suffix(".json")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max()
+            .unwrap_or(0))
+    }
+
+    pub async fn registry(&self, generation: u64) -> Result<Bytes, SharedStoreError> {
+        let at = self.path(&["tenants", "registry", &format!("{generation:020}.json")]);
+        Ok(self.objects.get(&at).await?.bytes().await?)
+    }
+
+    /// Publishes the registry as `generation`, create-only.
+    pub async fn publish_registry(
+        &self,
+        generation: u64,
+        bytes: Bytes,
+    ) -> Result<(), SharedStoreError> {
+        let at = self.path(&["tenants", "registry", &format!("{generation:020}.json")]);
+        if !self.create(&at, bytes).await? {
+            return Err(SharedStoreError::Conflict {
+                key: "the tenant registry".into(),
+                generation,
+            });
+        }
+        if generation > KEPT_GENERATIONS {
+            let old = format!("{:020}.json", generation - KEPT_GENERATIONS);
+            let _ = self
+                .objects
+                .delete(&self.path(&["tenants", "registry", &old]))
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Removes every deployment of `tenant` (models and functions) from the shared store.
+    pub async fn remove_tenant(&self, tenant: &str) -> Result<(), SharedStoreError> {
+        for area in ["models", "functions"] {
+            for kind in ["manifests", "revisions"] {
+                let prefix = self.path(&[area, kind, "t", tenant]);
+                let listed: Vec<_> = self.objects.list(Some(&prefix)).try_collect().await?;
+                for meta in listed {
+                    match self.objects.delete(&meta.location).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates `at` only if nothing is there: false if something is.
+    async fn create(&self, at: &ObjectPath, bytes: Bytes) -> Result<bool, SharedStoreError> {
+        let put = self
+            .objects
+            .put_opts(
+                at,
+                PutPayload::from_bytes(bytes),
+                PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                },
+            )
+            .await;
+        match put {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
 /// `o/<name>` or `t/<tenant>/<name>`.
 fn key_path(key: &str) -> String {
     let key = crate::namespace::ModelKey::parse(key);
@@ -389,27 +505,11 @@ impl SharedArea {
         let bytes = serde_json::to_vec_pretty(&next)
             .map_err(|e| SharedStoreError::Invalid(e.to_string()))?;
         let at = self.manifest_path(key, next.generation);
-        let put = self
-            .store
-            .objects
-            .put_opts(
-                &at,
-                PutPayload::from(bytes),
-                PutOptions {
-                    mode: PutMode::Create,
-                    ..Default::default()
-                },
-            )
-            .await;
-        match put {
-            Ok(_) => {}
-            Err(object_store::Error::AlreadyExists { .. }) => {
-                return Err(SharedStoreError::Conflict {
-                    key: key.to_owned(),
-                    generation: next.generation,
-                });
-            }
-            Err(e) => return Err(e.into()),
+        if !self.store.create(&at, Bytes::from(bytes)).await? {
+            return Err(SharedStoreError::Conflict {
+                key: key.to_owned(),
+                generation: next.generation,
+            });
         }
         self.collect_garbage(key, base, &next).await;
         Ok(next)
