@@ -27,3 +27,8 @@ if [ ! -x guest-sdk-js/node_modules/.bin/componentize-qjs ] \
     echo "npm not found: JavaScript handlers cannot be built (install Node.js 20 or later)" >&2
   fi
 fi
+# The shared-store tests run Azurite, Azure Blob Storage's emulator (pinned by
+# tests/tools/package-lock.json).
+if [ ! -x tests/tools/node_modules/.bin/azurite-blob ] && command -v npm > /dev/null 2>&1; then
+  (cd tests/tools && npm ci --no-audit --no-fund --loglevel=error > /dev/null)
+fi

@@ -36,6 +36,8 @@ PINS=(
   # The S3-compatible server the shared-store tests run on loopback (it honours conditional
   # writes: If-None-Match: * answers 412 on an existing object).
   "moto[server]==5.2.5"
+  # Creates the Azurite container the az:// shared-store tests use.
+  "azure-storage-blob==12.31.1"
 )
 
 if [ ! -x .venv/bin/python ]; then

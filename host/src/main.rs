@@ -264,7 +264,8 @@ struct ServeArgs {
     /// Where deployed models are kept [default: ~/.local/share/tessera/store]: a directory of
     /// this server's own (created if missing), or a store that replicas share:
     /// `s3://bucket/prefix` (S3 or an S3-compatible server; credentials, region and endpoint from
-    /// the AWS_* environment) or `file:///shared/dir` (a shared mount).
+    /// the AWS_* environment), `az://container/prefix` (Azure Blob Storage, AZURE_STORAGE_*) or
+    /// `file:///shared/dir` (a shared mount).
     #[arg(long, env = "TESSERA_STORE", value_parser = parse_store)]
     store: Option<StoreLocation>,
     /// With a shared --store: this replica's cache of it, which it serves from (also while the
@@ -458,9 +459,11 @@ enum StoreLocation {
 /// for a relative path: `s3://b/x` made a local folder named `s3:`).
 fn parse_store(spec: &str) -> Result<StoreLocation, String> {
     match spec.split_once("://") {
-        Some(("s3" | "s3a" | "file", _)) => Ok(StoreLocation::Shared(spec.to_owned())),
+        Some(("s3" | "s3a" | "az" | "azure" | "file", _)) => {
+            Ok(StoreLocation::Shared(spec.to_owned()))
+        }
         Some((scheme, _)) => Err(format!(
-            "'{spec}': {scheme}:// is not supported; the store is a directory, s3://bucket/prefix (S3 or an S3-compatible server) or file:///shared/dir"
+            "'{spec}': {scheme}:// is not supported; the store is a directory, s3://bucket/prefix (S3 or an S3-compatible server), az://container/prefix (Azure Blob Storage) or file:///shared/dir"
         )),
         None => Ok(StoreLocation::Dir(PathBuf::from(spec))),
     }

@@ -1,5 +1,6 @@
 """Replicas on one shared deployment store: a real S3-compatible server (moto's server mode, on
-loopback) and a shared directory (file://), each with three tessera replicas.
+loopback), Azure Blob Storage's emulator (Azurite) and a shared directory (file://), each with
+three tessera replicas.
 
 A deploy, a rollback, an unload and a load made on one replica serve on all; a replica started
 later serves everything before it is ready; two replicas deploying one model at once: one wins,
@@ -37,8 +38,8 @@ def free_port() -> int:
 
 
 class Outage:
-    """A TCP relay in front of the S3 server that the test can cut and restore: the replicas
-    reach S3 through it only, so cutting it is the store going away for them."""
+    """A TCP relay in front of the object store that the test can cut and restore: the replicas
+    reach the store through it only, so cutting it is the store going away for them."""
 
     def __init__(self, upstream: int):
         self.upstream = upstream
@@ -98,7 +99,27 @@ class Outage:
         self.listener.close()
 
 
-@pytest.fixture(scope="module", params=["s3", "file"])
+AZURITE = Path(__file__).resolve().parents[1] / "tools/node_modules/.bin/azurite-blob"
+# Azurite's well-known development account (public, in Azure's documentation).
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")
+
+
+def start_listening(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail(f"{cmd[0]} did not start: " + log.read_text())
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module", params=["s3", "azure", "file"])
 def shared(request):
     """(store URL, extra environment, Outage or None, scratch dir)."""
     scratch = Path(tempfile.mkdtemp(prefix="tessera-replicas-"))
@@ -107,37 +128,47 @@ def shared(request):
         shutil.rmtree(scratch, ignore_errors=True)
         return
     port = free_port()
-    moto = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=open(scratch / "moto.log", "wb"))
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or moto.poll() is not None:
-                moto.kill()
-                pytest.fail("moto_server did not start: " + (scratch / "moto.log").read_text())
-            time.sleep(0.1)
-    import boto3
-    s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                      aws_access_key_id="test", aws_secret_access_key="test")
-    s3.create_bucket(Bucket=BUCKET)
-    relay = Outage(port)
-    env = {
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_REGION": "us-east-1",
-        "AWS_ENDPOINT": f"http://127.0.0.1:{relay.port}",
-        "AWS_ALLOW_HTTP": "true",
-    }
+    if request.param == "s3":
+        server = start_listening(
+            [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            port, scratch / "moto.log")
+        import boto3
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                          aws_access_key_id="test", aws_secret_access_key="test")
+        s3.create_bucket(Bucket=BUCKET)
+        relay = Outage(port)
+        url = f"s3://{BUCKET}/replicas"
+        env = {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT": f"http://127.0.0.1:{relay.port}",
+            "AWS_ALLOW_HTTP": "true",
+        }
+    else:
+        if not AZURITE.exists():
+            pytest.fail(f"{AZURITE} is missing: run scripts/prepare.sh (npm ci in tests/tools)")
+        server = start_listening(
+            [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+             str(scratch / "azurite"), "--silent", "--skipApiVersionCheck"],
+            port, scratch / "azurite.log")
+        from azure.storage.blob import BlobServiceClient
+        BlobServiceClient.from_connection_string(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
+        ).create_container(BUCKET)
+        relay = Outage(port)
+        url = f"az://{BUCKET}/replicas"
+        env = {
+            "AZURE_STORAGE_USE_EMULATOR": "true",
+            "AZURITE_BLOB_STORAGE_URL": f"http://127.0.0.1:{relay.port}",
+        }
     try:
-        yield f"s3://{BUCKET}/replicas", env, relay, scratch
+        yield url, env, relay, scratch
     finally:
         relay.close()
-        moto.kill()
-        moto.wait()
+        server.kill()
+        server.wait()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -313,7 +344,7 @@ def test_replicas_serve_their_cache_while_the_store_is_away(replicas):
     converge afterwards."""
     group, relay = replicas
     if relay is None:
-        pytest.skip("the outage is simulated for S3 (a relay in front of it)")
+        pytest.skip("the outage is simulated for object stores (a relay in front of them)")
     servers = [s for s, _, _ in group.running]
     status, _, body = deploy(servers[0], "steady", 2)
     assert status == 200, body

@@ -1,5 +1,6 @@
-//! The shared deployment store: one store for many replicas, on object storage (`s3://…`) or on
-//! a shared directory (`file:///mnt/nfs/…`), both through the `object_store` crate.
+//! The shared deployment store: one store for many replicas, on object storage (`s3://…`,
+//! `az://…`) or on a shared directory (`file:///mnt/nfs/…`), all through the `object_store`
+//! crate.
 //!
 //! ```text
 //! <prefix>/<area>/manifests/<key>/<generation>.json   immutable; the highest generation is the state
@@ -141,7 +142,8 @@ pub struct SharedStore {
 
 impl SharedStore {
     /// Opens the store a `--store` URL names: `s3://bucket/prefix` (credentials, region and
-    /// endpoint from the usual `AWS_*` environment) or `file:///path` (a shared directory).
+    /// endpoint from the usual `AWS_*` environment), `az://container/prefix` (`AZURE_STORAGE_*`)
+    /// or `file:///path` (a shared directory).
     pub fn open(url: &str, replica: &str) -> Result<SharedStore, SharedStoreError> {
         let parsed = url::Url::parse(url)
             .map_err(|e| SharedStoreError::Invalid(format!("--store '{url}': {e}")))?;
@@ -168,6 +170,29 @@ impl SharedStore {
                     .map_err(|e| SharedStoreError::Invalid(format!("--store '{url}': {e}")))?;
                 (Arc::new(s3), parsed.path().trim_matches('/').to_owned())
             }
+            "az" | "azure" => {
+                // `az://container/prefix`: account, key or token from the AZURE_STORAGE_*
+                // environment (AZURE_STORAGE_USE_EMULATOR=true for Azurite).
+                let container = parsed.host_str().unwrap_or_default();
+                let azure = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(container)
+                    .with_retry(retry)
+                    .with_config(
+                        object_store::azure::AzureConfigKey::Client(
+                            object_store::ClientConfigKey::ConnectTimeout,
+                        ),
+                        "2s",
+                    )
+                    .with_config(
+                        object_store::azure::AzureConfigKey::Client(
+                            object_store::ClientConfigKey::Timeout,
+                        ),
+                        "30s",
+                    )
+                    .build()
+                    .map_err(|e| SharedStoreError::Invalid(format!("--store '{url}': {e}")))?;
+                (Arc::new(azure), parsed.path().trim_matches('/').to_owned())
+            }
             "file" => {
                 let dir = parsed.to_file_path().map_err(|()| {
                     SharedStoreError::Invalid(format!("--store '{url}': not a local path"))
@@ -181,7 +206,7 @@ impl SharedStore {
             }
             other => {
                 return Err(SharedStoreError::Invalid(format!(
-                    "--store '{url}': '{other}://' is not supported (s3:// for S3 and S3-compatible servers, file:// for a shared directory, or a plain path for one server's own store)"
+                    "--store '{url}': '{other}://' is not supported (s3:// for S3 and S3-compatible servers, az:// for Azure Blob Storage, file:// for a shared directory, or a plain path for one server's own store)"
                 )));
             }
         };
