@@ -9,7 +9,10 @@ costs a deploy, side by side in one run:
 For each, ROUNDS deploys of a small ONNX model (add_sub, alternating max_batch_size) to the
 first replica: the deploy call's time (until it is acknowledged: durable in the store and
 serving there), and from the acknowledgement until every replica serves the new revision
-(polled every 10 ms), with each deploy at a random point of the polling period. Prints a markdown table. Not run in CI.
+(polled every 10 ms), with each deploy at a random point of the polling period. Then the
+steady-state cost of watching the store: LOAD_SECONDS of inference at 8 concurrent clients on
+the first replica, its throughput, p99 and server CPU per inference, against the single server
+on its own store. Prints markdown tables. Not run in CI.
 
     .venv/bin/python bench/replicas.py [--bin target/release/tessera] [--rounds 20]
         [--poll-ms 1000]
@@ -28,10 +31,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from stream_load import tree_cpu_seconds  # noqa: E402
 ONNX = (ROOT / "model_repository/add_sub/1/model.onnx").read_bytes()
 BUCKET = "tessera-bench"
 
@@ -130,11 +136,47 @@ def measure(ports: list[int], rounds: int, poll_ms: int) -> tuple[list[float], l
     return acks, everywhere
 
 
+INFER = json.dumps({"inputs": [
+    {"name": n, "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}
+    for n in ("INPUT0", "INPUT1")]})
+
+
+def steady_load(port: int, pid: int, seconds: float, clients: int = 8):
+    """(inferences per second, p99 ms, server CPU µs per inference) of a closed loop."""
+    latencies: list[float] = []
+    stop_at = time.monotonic() + seconds
+
+    def client():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        mine = []
+        while time.monotonic() < stop_at:
+            t0 = time.monotonic()
+            c.request("POST", "/v2/models/m/infer", INFER, {"Content-Type": "application/json"})
+            r = c.getresponse()
+            r.read()
+            if r.status != 200:
+                raise SystemExit(f"inference failed: {r.status}")
+            mine.append((time.monotonic() - t0) * 1000)
+        latencies.extend(mine)
+
+    cpu0 = tree_cpu_seconds(pid)
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    cpu = tree_cpu_seconds(pid) - cpu0
+    return len(latencies) / elapsed, pct(latencies, 99), cpu / len(latencies) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin", default=str(ROOT / "target/release/tessera"))
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--poll-ms", type=int, default=1000)
+    parser.add_argument("--load-seconds", type=float, default=10.0)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="tessera-bench-replicas-"))
     repo = scratch / "repository"
@@ -144,7 +186,7 @@ def main() -> None:
                              "-p", str(moto_port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     procs = []
-    rows = []
+    rows, loads = [], []
     try:
         wait_port(moto_port)
         import boto3
@@ -156,7 +198,10 @@ def main() -> None:
                   "AWS_ALLOW_HTTP": "true"}
         kinds = [("local dir, 1 server", str(scratch / "local"), {}, 1, False),
                  ("file://, 3 replicas", (scratch / "shared").as_uri(), {}, 3, True),
-                 ("s3:// (moto), 3 replicas", f"s3://{BUCKET}/bench", s3_env, 3, True)]
+                 ("s3:// (moto), 3 replicas", f"s3://{BUCKET}/bench", s3_env, 3, True),
+                 # Watching alone, without two more servers on the same cores.
+                 ("s3:// (moto), 1 replica", f"s3://{BUCKET}/bench1", s3_env, 1, True),
+                 ("local dir, 1 server (again)", str(scratch / "local2"), {}, 1, False)]
         for label, store, env, count, shared in kinds:
             ports = []
             for n in range(count):
@@ -166,6 +211,9 @@ def main() -> None:
                 ports.append(port)
             acks, everywhere = measure(ports, args.rounds, args.poll_ms)
             rows.append((label, acks, everywhere if count > 1 else None))
+            if args.load_seconds > 0:
+                steady_load(ports[0], procs[0].pid, 1.0)  # warm-up
+                loads.append((label, *steady_load(ports[0], procs[0].pid, args.load_seconds)))
             for proc in procs:
                 proc.terminate()
                 proc.wait()
@@ -183,6 +231,12 @@ def main() -> None:
         spread = (f"{statistics.median(everywhere):.0f} ms | {pct(everywhere, 99):.0f} ms"
                   if everywhere else "– | –")
         print(f"| {label} | {statistics.median(acks):.0f} ms | {pct(acks, 99):.0f} ms | {spread} |")
+    if loads:
+        print(f"\nSteady state on the first replica, 8 clients, {args.load_seconds:.0f} s each\n")
+        print("| store | inferences/s | p99 | server CPU per inference |")
+        print("|---|---:|---:|---:|")
+        for label, rate, p99, cpu in loads:
+            print(f"| {label} | {rate:.0f} | {p99:.1f} ms | {cpu:.0f} µs |")
 
 
 if __name__ == "__main__":
