@@ -382,8 +382,12 @@ impl Server {
                 }
             };
             for (key, generation) in generations {
-                if !self.tenants.enabled() && ModelKey::is_key(&key) {
-                    // Tenants' deployments, on a replica without tenancy: nobody could call them.
+                if let Some(tenant) = ModelKey::parse(&key).tenant
+                    && self.tenants.get(tenant).is_none()
+                {
+                    // A tenant this replica does not know (no tenancy here, or one being
+                    // deleted): nobody could call it, and a later tenant of that name must not
+                    // inherit it.
                     continue;
                 }
                 let applied = store.manifest(&key).map_or(0, |m| m.generation);
@@ -1192,12 +1196,18 @@ impl Server {
     /// models and functions are unloaded and their files removed. A crash in between leaves
     /// files that the next start removes.
     pub async fn delete_tenant(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
-        crate::deploy::disk(|| self.tenants.delete(name))?;
         if let Some(shared) = self.tenants.shared() {
-            // The keys stopped with the registry's new generation; the deployments go from the
-            // shared store, and every replica removes its copies when it sees the registry.
+            // The deployments leave the shared store first, so that nothing of them is left
+            // for a later tenant of that name if the rest fails; every replica removes its
+            // copies when it sees the registry without the tenant.
+            if self.tenants.get(name).is_none() {
+                return Err(crate::tenants::TenantError::NotFound(format!(
+                    "tenant '{name}' does not exist"
+                )));
+            }
             shared.remove_tenant(name).await?;
         }
+        crate::deploy::disk(|| self.tenants.delete(name))?;
         self.remove_tenant_here(name).await
     }
 
