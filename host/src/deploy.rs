@@ -156,7 +156,7 @@ pub async fn deploy<T: Target>(
         generation = shared.publish(key, base.as_ref(), next).await?.generation;
     }
     // Durable before it serves: a crash from here on restarts with this revision.
-    disk(|| store.publish_generation(key, revision, &hash, generation))?;
+    disk(|| store.publish_generation(key, revision, &hash, generation, true))?;
     committed.published = true;
     target.swap(key, built).await?;
     tracing::info!(key, revision, "deployed");
@@ -212,6 +212,10 @@ async fn rollback_shared<T: Target>(
         .latest(key)
         .await?
         .ok_or_else(|| StoreError::NotDeployed(key.to_owned()))?;
+    if store.manifest(key).map_or(0, |m| m.generation) < base.generation {
+        // As in `deploy`: "already serving" is judged against the newest state.
+        follow(store, target, key, &base).await?;
+    }
     let previous = base
         .previous()
         .cloned()
@@ -228,7 +232,7 @@ async fn rollback_shared<T: Target>(
     next.current = previous.revision;
     next.loaded = true;
     let generation = shared.publish(key, Some(&base), next).await?.generation;
-    disk(|| store.publish_generation(key, previous.revision, &hash, generation))?;
+    disk(|| store.publish_generation(key, previous.revision, &hash, generation, true))?;
     if let Some(mut fetched) = fetched {
         fetched.published = true;
     }
@@ -322,7 +326,9 @@ pub async fn follow<T: Target>(
     if manifest.loaded && serving != Some(revision.revision) {
         let built = target.build(key, revision.revision, &dir).await?;
         let hash = built.as_ref().map_or(recorded, |b| target.hash(b));
-        disk(|| store.publish_generation(key, revision.revision, &hash, manifest.generation))?;
+        disk(|| {
+            store.publish_generation(key, revision.revision, &hash, manifest.generation, true)
+        })?;
         if let Some(guard) = fetched.as_mut() {
             guard.published = true;
         }
@@ -338,9 +344,15 @@ pub async fn follow<T: Target>(
         );
         return Ok(());
     }
+    // One manifest write: a crash cannot leave it loaded at this generation when it is not.
     disk(|| {
-        store.publish_generation(key, revision.revision, &recorded, manifest.generation)?;
-        store.set_loaded_generation(key, manifest.loaded, Some(manifest.generation))
+        store.publish_generation(
+            key,
+            revision.revision,
+            &recorded,
+            manifest.generation,
+            manifest.loaded,
+        )
     })?;
     if let Some(guard) = fetched.as_mut() {
         guard.published = true;

@@ -316,7 +316,9 @@ impl Functions {
         let _control = self.control.lock().await;
         let manifest = upload.manifest.unwrap_or_default();
         let hash = fingerprint(&upload.component, &manifest);
-        if let Some(m) = store.manifest(name)
+        // With a shared store, "unchanged" is judged against the shared state, in `deploy`.
+        if store.shared().is_none()
+            && let Some(m) = store.manifest(name)
             && m.loaded
             && m.revisions
                 .iter()

@@ -164,8 +164,10 @@ pub struct Server {
     llm_metrics: Arc<crate::backend::llm::metrics::EngineRegistry>,
     /// Whether the shared store answered the watcher's last round.
     shared_store_reachable: std::sync::atomic::AtomicBool,
+    /// Held while the server runs: one server per store folder.
+    _store_lock: Option<std::fs::File>,
     /// Shared-store changes whose build failed on this replica, by key: the generation.
-    shared_failures: Mutex<HashMap<String, u64>>,
+    shared_failures: Mutex<HashMap<String, FollowFailure>>,
 }
 
 /// The statistics of one model version.
@@ -179,6 +181,14 @@ impl Server {
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
         // Before the stores open: it removes what a crash left of a deleted tenant.
+        // Before anything reads or cleans the store folder (the tenant registry does both).
+        let store_lock = match &options.store_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)?;
+                Some(crate::store::lock_area(dir, "server")?)
+            }
+            None => None,
+        };
         let shared = match &options.shared_store {
             Some(url) => {
                 let replica = replica_name();
@@ -292,6 +302,7 @@ impl Server {
                 llm_metrics,
                 shared_store_reachable: std::sync::atomic::AtomicBool::new(true),
                 shared_failures: Mutex::default(),
+                _store_lock: store_lock,
             }
         });
         let startup = match (&server.options.startup_models, server.options.control_mode) {
@@ -391,12 +402,13 @@ impl Server {
                     continue;
                 }
                 let applied = store.manifest(&key).map_or(0, |m| m.generation);
-                let failed = self
-                    .shared_failures
-                    .lock()
-                    .ok()
-                    .and_then(|f| f.get(&key).copied());
-                if applied >= generation || failed == Some(generation) {
+                let waiting = self.shared_failures.lock().ok().is_some_and(|f| {
+                    f.get(&key).is_some_and(|failure| {
+                        failure.generation == generation
+                            && std::time::Instant::now() < failure.retry_at
+                    })
+                });
+                if applied >= generation || waiting {
                     continue;
                 }
                 let followed = match shared.manifest(&key, generation).await {
@@ -411,19 +423,46 @@ impl Server {
                             .await
                     }
                 };
-                if let Err(e) = followed {
-                    tracing::error!(
-                        key,
-                        generation,
-                        "cannot apply a change of the shared store: {e}"
-                    );
-                    // A change that cannot be applied here (its build fails, its files are
-                    // damaged) is not retried until the next change; a store that fails to
-                    // answer is, next round.
-                    if !matches!(e, ControlError::Unavailable(_))
-                        && let Ok(mut failures) = self.shared_failures.lock()
-                    {
-                        failures.insert(key, generation);
+                let Ok(mut failures) = self.shared_failures.lock() else {
+                    continue;
+                };
+                match followed {
+                    Ok(()) => {
+                        failures.remove(&key);
+                    }
+                    // A store that fails to answer is asked again next round.
+                    Err(e @ ControlError::Unavailable(_)) => {
+                        tracing::warn!(
+                            key,
+                            generation,
+                            "cannot apply a change of the shared store: {e}"
+                        );
+                    }
+                    // One that cannot be applied here (its build fails, its files are damaged,
+                    // the disk is full) is tried again later, less and less often.
+                    Err(e) => {
+                        let attempts = failures
+                            .get(&key)
+                            .filter(|f| f.generation == generation)
+                            .map_or(0, |f| f.attempts)
+                            + 1;
+                        let wait =
+                            Duration::from_secs(5 << attempts.min(6)).min(Duration::from_secs(300));
+                        tracing::error!(
+                            key,
+                            generation,
+                            attempts,
+                            retry_in_s = wait.as_secs(),
+                            "cannot apply a change of the shared store: {e}"
+                        );
+                        failures.insert(
+                            key,
+                            FollowFailure {
+                                generation,
+                                attempts,
+                                retry_at: std::time::Instant::now() + wait,
+                            },
+                        );
                     }
                 }
             }
@@ -445,15 +484,14 @@ impl Server {
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        match followed {
-            Ok(gone) => {
-                for tenant in gone {
-                    if let Err(e) = self.remove_tenant_here(&tenant).await {
-                        tracing::error!(tenant, "removing a deleted tenant's deployments: {e}");
-                    }
-                }
+        if let Err(e) = followed {
+            tracing::error!(generation, "cannot serve the shared tenant registry: {e}");
+        }
+        // Before the deployments' round: a new tenant of a deleted one's name starts empty.
+        for tenant in self.tenants.take_removed() {
+            if let Err(e) = self.remove_tenant_here(&tenant).await {
+                tracing::error!(tenant, "removing a deleted tenant's deployments: {e}");
             }
-            Err(e) => tracing::error!(generation, "cannot serve the shared tenant registry: {e}"),
         }
     }
 
@@ -860,7 +898,13 @@ impl Server {
             if let (Some(store), Some(Origin::Store { revision })) =
                 (self.repository.store(), self.repository.origin(name))
             {
-                crate::deploy::set_loaded(store, name, true).await?;
+                if let Err(e) = crate::deploy::set_loaded(store, name, true).await {
+                    if store.shared().is_some() {
+                        // Not published: not loaded here either, like on every other replica.
+                        let _ = control.unload(name, false).await;
+                    }
+                    return Err(e);
+                }
                 return Ok(Deployed {
                     outcome,
                     revision: Some(revision),
@@ -947,10 +991,21 @@ impl Server {
         unload_dependents: bool,
     ) -> Result<Vec<String>, ControlError> {
         let control = self.repository.control().await;
+        let store = self.repository.store();
+        let deployed =
+            |model: &str| matches!(self.repository.origin(model), Some(Origin::Store { .. }));
+        // With a shared store, the unload is published before it happens here: if the store
+        // refuses it (away, or another replica's change), nothing changes anywhere.
+        let published_first = store.is_some_and(|s| s.shared().is_some()) && deployed(name);
+        if let Some(store) = store
+            && published_first
+        {
+            crate::deploy::set_loaded(store, name, false).await?;
+        }
         let unloaded = control.unload(name, unload_dependents).await?;
-        if let Some(store) = self.repository.store() {
+        if let Some(store) = store {
             for model in &unloaded {
-                if matches!(self.repository.origin(model), Some(Origin::Store { .. })) {
+                if deployed(model) && !(published_first && model == name) {
                     crate::deploy::set_loaded(store, model, false).await?;
                 }
             }
@@ -1007,6 +1062,14 @@ impl Server {
                 "1 when the shared deployment store answered the last look for changes; 0 while it does not (the replica serves its cache)",
             )
             .sample(&[], u64::from(self.shared_store_reachable()));
+            let unapplied = self.shared_failures.lock().map_or(0, |f| f.len());
+            crate::metrics::Family::start(
+                &mut text,
+                "tessera_shared_store_unapplied_changes",
+                "gauge",
+                "Deployments whose newest change in the shared store this replica failed to apply (it serves the previous one and tries again; see the log)",
+            )
+            .sample(&[], unapplied);
         }
         if let Some(gpus) = &self.gpu_metrics {
             gpus.render(&mut text);
@@ -1196,24 +1259,31 @@ impl Server {
     /// models and functions are unloaded and their files removed. A crash in between leaves
     /// files that the next start removes.
     pub async fn delete_tenant(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
-        if let Some(shared) = self.tenants.shared() {
-            // The deployments leave the shared store first, so that nothing of them is left
-            // for a later tenant of that name if the rest fails; every replica removes its
-            // copies when it sees the registry without the tenant.
-            if self.tenants.get(name).is_none() {
-                return Err(crate::tenants::TenantError::NotFound(format!(
-                    "tenant '{name}' does not exist"
-                )));
-            }
-            shared.remove_tenant(name).await?;
-        }
         crate::deploy::disk(|| self.tenants.delete(name))?;
-        self.remove_tenant_here(name).await
+        if let Some(shared) = self.tenants.shared() {
+            // Its keys stopped with the registry's new generation; its deployments leave the
+            // shared store, and every replica removes its copies when it sees the registry. If
+            // this fails, creating a tenant of that name clears what is left first.
+            if let Err(e) = shared.remove_tenant(name).await {
+                tracing::error!(
+                    tenant = name,
+                    "removing its deployments from the shared store: {e}"
+                );
+            }
+        }
+        self.remove_tenant_here(name).await?;
+        // Done here already: not again when the watcher comes by.
+        self.tenants.removed_here(name);
+        Ok(())
     }
 
     /// Unloads a deleted tenant's models and functions on this server and removes their files.
     async fn remove_tenant_here(&self, name: &str) -> Result<(), crate::tenants::TenantError> {
         let prefix = ModelKey::tenant_prefix(name);
+        // One hold of model control for all of it: no deployment of the tenant lands between
+        // the unloads and the removal of its files. Unloaded here only: nothing is recorded in
+        // the store (a shared one would pass an unload to every replica), whose files go.
+        let control = self.repository.control().await;
         let models: Vec<String> = self
             .repository
             .index(false)
@@ -1222,10 +1292,10 @@ impl Server {
             .filter(|key| key.starts_with(&prefix))
             .collect();
         for key in models {
-            if let Err(e) = self.unload_key(&key, true).await {
+            if let Err(e) = control.unload(&key, true).await {
                 tracing::warn!(model = %key, "deleting tenant '{name}': {e}");
             }
-            self.repository.control().await.forget(&key);
+            control.forget(&key);
         }
         self.functions.remove_tenant(name).await;
         crate::deploy::disk(|| {
@@ -1234,6 +1304,7 @@ impl Server {
             }
             self.tenants.remove_files(name)
         })?;
+        drop(control);
         tracing::info!(tenant = name, "deleted");
         Ok(())
     }
@@ -1254,6 +1325,13 @@ impl Server {
         self.repository.unload_all();
         self.wasm.drain(self.options.limits.drain_timeout()).await;
     }
+}
+
+/// A change of the shared store this replica could not apply, and when it tries again.
+struct FollowFailure {
+    generation: u64,
+    attempts: u32,
+    retry_at: std::time::Instant,
 }
 
 /// This replica's name in the shared store's manifests and logs: the host (a pod's name on

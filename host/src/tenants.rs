@@ -171,6 +171,10 @@ struct TenantRecord {
     /// Operator models this tenant may call (read-only).
     #[serde(default)]
     grants: BTreeSet<String>,
+    /// Random, set at creation: tells a tenant from an earlier one of the same name (replicas
+    /// remove what they hold of the earlier one).
+    #[serde(default)]
+    incarnation: String,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -486,6 +490,8 @@ pub struct Tenants {
     shared: Option<Arc<crate::store::shared::SharedStore>>,
     /// The shared registry generation this replica serves.
     generation: AtomicU64,
+    /// Tenants whose deployments this replica has yet to remove ([`Tenants::take_removed`]).
+    removed: Mutex<Vec<String>>,
 }
 
 fn now_unix() -> u64 {
@@ -521,6 +527,7 @@ impl Tenants {
             writer: Mutex::new(()),
             shared: None,
             generation: AtomicU64::new(0),
+            removed: Mutex::default(),
         }
     }
 
@@ -570,23 +577,16 @@ impl Tenants {
         self.generation.load(Ordering::Relaxed)
     }
 
-    /// Serves `generation` of the shared registry (another replica changed it); returns the
-    /// tenants it no longer names, whose deployments the caller removes here.
-    pub fn follow(&self, generation: u64, bytes: &[u8]) -> Result<Vec<String>, TenantError> {
+    /// Serves `generation` of the shared registry (another replica changed it). Tenants it
+    /// no longer names are left for [`Tenants::take_removed`].
+    pub fn follow(&self, generation: u64, bytes: &[u8]) -> Result<(), TenantError> {
         let file = parse_registry(bytes, generation)?;
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         if generation <= self.generation() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let previous = self.registry.load_full();
-        self.serve(&previous, file.tenants.clone(), generation)?;
-        let gone = previous
-            .by_name
-            .keys()
-            .filter(|name| !file.tenants.iter().any(|r| &&r.name == name))
-            .cloned()
-            .collect();
-        Ok(gone)
+        self.serve(&previous, file.tenants, generation)
     }
 
     /// Writes `records` to the cache file and serves them.
@@ -602,14 +602,45 @@ impl Tenants {
         })
         .map_err(|e| TenantError::Invalid(e.to_string()))?;
         replace_file(&self.root.join(REGISTRY_FILE), &bytes)?;
+        if self.shared.is_some() {
+            // Tenants gone, or replaced by a new one of the same name: a replica removes what it
+            // holds of them (`take_removed`).
+            let gone = previous.by_name.values().filter(|old| {
+                !records
+                    .iter()
+                    .any(|r| r.name == old.record.name && r.incarnation == old.record.incarnation)
+            });
+            let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
+            removed.extend(gone.map(|t| t.record.name.clone()));
+        }
         let mut next = Registry::default();
         for record in records {
-            let old = previous.by_name.get(&record.name).map(|t| &**t);
+            let old = previous
+                .by_name
+                .get(&record.name)
+                .filter(|t| t.record.incarnation == record.incarnation)
+                .map(|t| &**t);
             next.insert(Arc::new(Tenant::new(record, old)));
         }
         self.registry.store(Arc::new(next));
         self.generation.store(generation, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Tenants whose deployments this replica must remove (deleted, or replaced by a new
+    /// tenant of the same name, in a registry it now serves); taken once.
+    pub fn take_removed(&self) -> Vec<String> {
+        let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut taken: Vec<String> = std::mem::take(&mut *removed);
+        taken.sort();
+        taken.dedup();
+        taken
+    }
+
+    /// `name`'s deployments were removed here already (its deletion ran on this replica).
+    pub fn removed_here(&self, name: &str) {
+        let mut removed = self.removed.lock().unwrap_or_else(|p| p.into_inner());
+        removed.retain(|n| n != name);
     }
 
     /// Opens the registry of the store at `root` (creating its secret on first use) with tenancy
@@ -694,6 +725,7 @@ impl Tenants {
             writer: Mutex::new(()),
             shared: None,
             generation: AtomicU64::new(generation),
+            removed: Mutex::default(),
         };
         Ok(Tenants {
             admin: Some(tenants.mac(admin_key)),
@@ -862,6 +894,28 @@ impl Tenants {
         check_model_name(name).map_err(|e| {
             TenantError::Invalid(e.to_string().replace("model name", "tenant name"))
         })?;
+        let incarnation = hex::encode(random_bytes::<8>()?);
+        if let Some(shared) = &self.shared {
+            // Whatever an earlier tenant of this name left in the shared store (a deletion
+            // whose clean-up failed) goes before the new one exists.
+            let runtime = tokio::runtime::Handle::try_current()
+                .map_err(|_| TenantError::Invalid("no runtime for the shared store".into()))?;
+            runtime.block_on(async {
+                let generation = shared.registry_generation().await?;
+                if generation > 0
+                    && parse_registry(&shared.registry(generation).await?, generation)?
+                        .tenants
+                        .iter()
+                        .any(|r| r.name == name)
+                {
+                    return Err(TenantError::Conflict(format!(
+                        "tenant '{name}' already exists"
+                    )));
+                }
+                shared.remove_tenant(name).await?;
+                Ok(())
+            })?;
+        }
         self.change(|records| {
             if records.iter().any(|r| r.name == name) {
                 return Err(TenantError::Conflict(format!(
@@ -874,6 +928,7 @@ impl Tenants {
                 keys: Vec::new(),
                 quotas: Quotas::default(),
                 grants: BTreeSet::new(),
+                incarnation: incarnation.clone(),
             };
             let shown = info(&record);
             records.push(record);

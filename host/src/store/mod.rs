@@ -538,16 +538,18 @@ impl Store {
     /// Makes `revision` the one that serves `name` (durably), and forgets revisions beyond
     /// [`KEPT_REVISIONS`].
     pub fn publish(&self, name: &str, revision: u64, sha256: &str) -> Result<(), StoreError> {
-        self.publish_generation(name, revision, sha256, 0)
+        self.publish_generation(name, revision, sha256, 0, true)
     }
 
-    /// [`Store::publish`], recording the shared manifest's `generation` it applies.
+    /// [`Store::publish`], recording the shared manifest's `generation` it applies and whether
+    /// the deployment is loaded there.
     pub fn publish_generation(
         &self,
         name: &str,
         revision: u64,
         sha256: &str,
         generation: u64,
+        loaded: bool,
     ) -> Result<(), StoreError> {
         let mut manifests = self.manifests();
         let repairing = self.damage(name).is_some();
@@ -564,7 +566,7 @@ impl Store {
             });
         }
         manifest.current = revision;
-        manifest.loaded = true;
+        manifest.loaded = loaded;
         manifest.generation = generation;
         let mut dropped = Vec::new();
         while manifest.revisions.len() > KEPT_REVISIONS {
@@ -837,7 +839,7 @@ fn scan_area(
 /// directory would remove each other's deployments in flight at start and overwrite each other's
 /// manifests. Replicas share a store through `--store s3://…` or `file://…` instead
 /// (`crate::store::shared`). An advisory lock: it ends with the process, also on SIGKILL.
-fn lock_area(root: &Path, area: &str) -> Result<File, StoreError> {
+pub fn lock_area(root: &Path, area: &str) -> Result<File, StoreError> {
     use std::os::fd::AsRawFd;
     let path = root.join(format!(".{area}.lock"));
     let file = fs::OpenOptions::new()

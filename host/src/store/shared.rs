@@ -332,23 +332,41 @@ impl SharedStore {
         Ok(())
     }
 
-    /// Creates `at` only if nothing is there: false if something is.
+    /// Creates `at` only if nothing is there: false if something else is.
+    ///
+    /// The client library retries a request that failed with a 5xx; if the first attempt had
+    /// landed, the retry finds the object there. So "already exists" and a failure are checked
+    /// against what is there: our own bytes mean our write landed. (What we write is unique to
+    /// the writer: a manifest names its replica, a secret is random.)
     async fn create(&self, at: &ObjectPath, bytes: Bytes) -> Result<bool, SharedStoreError> {
         let put = self
             .objects
             .put_opts(
                 at,
-                PutPayload::from_bytes(bytes),
+                PutPayload::from_bytes(bytes.clone()),
                 PutOptions {
                     mode: PutMode::Create,
                     ..Default::default()
                 },
             )
             .await;
-        match put {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
-            Err(e) => Err(e.into()),
+        let failure = match put {
+            Ok(_) => return Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => None,
+            Err(e) => Some(e),
+        };
+        let there = match self.objects.get(at).await {
+            Ok(found) => Some(found.bytes().await?),
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => return Err(failure.unwrap_or(e).into()),
+        };
+        match (there, failure) {
+            (Some(there), _) if there == bytes => Ok(true),
+            (Some(_), _) => Ok(false),
+            (None, Some(e)) => Err(e.into()),
+            (None, None) => Err(SharedStoreError::Corrupt(format!(
+                "{at} was reported present, then absent"
+            ))),
         }
     }
 }
@@ -492,7 +510,18 @@ impl SharedArea {
             let relative = crate::store::check_relative_path(name)
                 .map_err(|e| SharedStoreError::Corrupt(e.to_string()))?;
             let at = self.file_path(key, &revision.content, name);
-            let bytes = self.store.objects.get(&at).await?.bytes().await?;
+            let bytes = match self.store.objects.get(&at).await {
+                Ok(found) => found.bytes().await?,
+                // Not a store that is away: a file the manifest names is missing.
+                Err(object_store::Error::NotFound { .. }) => {
+                    return Err(SharedStoreError::Corrupt(format!(
+                        "{at}, a file of revision {} of '{}', is missing",
+                        revision.revision,
+                        crate::namespace::shown(key)
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            };
             files.push((relative, bytes));
         }
         let found = content_hash(&files);
@@ -536,39 +565,23 @@ impl SharedArea {
                 generation: next.generation,
             });
         }
-        self.collect_garbage(key, base, &next).await;
+        self.collect_garbage(key, &next).await;
         Ok(next)
     }
 
-    /// Deletes old generations and the files of revisions no longer kept. Failures only cost
-    /// space: they are logged.
-    async fn collect_garbage(
-        &self,
-        key: &str,
-        base: Option<&SharedManifest>,
-        next: &SharedManifest,
-    ) {
+    /// Deletes old generations (failures only cost space: they are logged).
+    ///
+    /// A revision's files are not deleted when its revision leaves the manifest: another replica
+    /// may be publishing the same content (same hash, same objects) again at that moment, and a
+    /// lagging one may still be fetching it. Old contents stay until a sweep that can prove
+    /// neither (not built yet).
+    async fn collect_garbage(&self, key: &str, next: &SharedManifest) {
         if next.generation > KEPT_GENERATIONS {
             let old = self.manifest_path(key, next.generation - KEPT_GENERATIONS);
             if let Err(e) = self.store.objects.delete(&old).await
                 && !matches!(e, object_store::Error::NotFound { .. })
             {
                 tracing::warn!(key, "cannot delete {old}: {e}");
-            }
-        }
-        let Some(base) = base else { return };
-        for dropped in &base.revisions {
-            let still_used = next.revisions.iter().any(|r| r.content == dropped.content);
-            if still_used || next.revision(dropped.revision).is_some() {
-                continue;
-            }
-            for name in &dropped.files {
-                let at = self.file_path(key, &dropped.content, name);
-                if let Err(e) = self.store.objects.delete(&at).await
-                    && !matches!(e, object_store::Error::NotFound { .. })
-                {
-                    tracing::warn!(key, "cannot delete {at}: {e}");
-                }
             }
         }
     }
