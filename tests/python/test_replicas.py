@@ -370,6 +370,8 @@ def test_replicas_serve_their_cache_while_the_store_is_away(replicas):
             restarted = group.start(index=2)
             assert infer_ok(restarted, "steady")
             assert metric_value(restarted, "tessera_shared_store_reachable") == 0
+            status, headers, _ = restarted.request("GET", "/v2/health/ready")
+            assert status == 200 and "unreachable" in headers.get("tessera-store", "")
         finally:
             relay.restore()
         servers = [s for s, _, _ in group.running]
@@ -381,6 +383,7 @@ def test_replicas_serve_their_cache_while_the_store_is_away(replicas):
         loader.join()
     assert failures == []
     assert metric_value(servers[2], "tessera_shared_store_reachable") == 1
+    assert "tessera-store" not in servers[2].request("GET", "/v2/health/ready")[1]
 
 
 def metric_value(srv, family: str) -> float:

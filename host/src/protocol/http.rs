@@ -427,12 +427,24 @@ async fn live(State(s): State<AppState>) -> StatusCode {
     }
 }
 
-async fn ready(State(s): State<AppState>) -> StatusCode {
-    if s.server.ready() {
+async fn ready(State(s): State<AppState>) -> Response {
+    let status = if s.server.ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
+    };
+    if s.server.shared_store_reachable() {
+        return status.into_response();
     }
+    // Ready (it serves), and saying what with: probes read the status, people the header.
+    (
+        status,
+        [(
+            "tessera-store",
+            "unreachable; serving the deployments cached here",
+        )],
+    )
+        .into_response()
 }
 
 /// A version from a `/versions/{version}` path (never empty there).
