@@ -617,23 +617,33 @@ mod tests {
         ]
     }
 
-    #[tokio::test]
-    async fn generations_are_create_only_and_one_writer_wins() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (a, b) = (area(dir.path(), "a"), area(dir.path(), "b"));
-        let uploaded = a.upload("m", &files("one")).await.expect("upload");
+    /// Uploads `text` as revision 1 of `key`: the revision, and a manifest serving it.
+    async fn first_revision(
+        area: &SharedArea,
+        key: &str,
+        text: &'static str,
+    ) -> (SharedRevision, SharedManifest) {
+        let uploaded = area.upload(key, &files(text)).await.expect("upload");
         let revision = SharedRevision {
             revision: 1,
             content: uploaded.content,
             files: uploaded.files,
             deployed_at: 0,
         };
-        let first = SharedManifest {
+        let manifest = SharedManifest {
             current: 1,
             loaded: true,
             revisions: vec![revision.clone()],
             ..Default::default()
         };
+        (revision, manifest)
+    }
+
+    #[tokio::test]
+    async fn generations_are_create_only_and_one_writer_wins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (area(dir.path(), "a"), area(dir.path(), "b"));
+        let (revision, first) = first_revision(&a, "m", "one").await;
         let published = a.publish("m", None, first.clone()).await.expect("first");
         assert_eq!(published.generation, 1);
         // b read nothing yet: its first generation is taken.
@@ -653,19 +663,7 @@ mod tests {
     async fn tenants_keys_are_apart_and_a_changed_file_is_caught() {
         let dir = tempfile::tempdir().expect("tempdir");
         let a = area(dir.path(), "a");
-        let uploaded = a.upload("acme/m", &files("two")).await.expect("upload");
-        let revision = SharedRevision {
-            revision: 1,
-            content: uploaded.content,
-            files: uploaded.files,
-            deployed_at: 0,
-        };
-        let manifest = SharedManifest {
-            current: 1,
-            loaded: true,
-            revisions: vec![revision.clone()],
-            ..Default::default()
-        };
+        let (revision, manifest) = first_revision(&a, "acme/m", "two").await;
         a.publish("acme/m", None, manifest).await.expect("publish");
         let generations = a.generations().await.expect("list");
         assert_eq!(generations.keys().collect::<Vec<_>>(), vec!["acme/m"]);
