@@ -43,6 +43,9 @@ class Outage:
 
     def __init__(self, upstream: int):
         self.upstream = upstream
+        # Set where the store server itself can be stopped and started again.
+        self.stopped = self.started = None
+        self.server = None
         self.port = free_port()
         self.up = threading.Event()
         self.up.set()
@@ -81,6 +84,19 @@ class Outage:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def stop_store(self):
+        """The store goes away: its server stops where it can, else the relay is cut."""
+        if self.stopped:
+            self.stopped()
+        else:
+            self.cut()
+
+    def start_store(self):
+        if self.started:
+            self.server = self.started()
+        else:
+            self.restore()
 
     def cut(self):
         self.up.clear()
@@ -148,16 +164,22 @@ def shared(request):
     else:
         if not AZURITE.exists():
             pytest.fail(f"{AZURITE} is missing: run scripts/prepare.sh (npm ci in tests/tools)")
-        server = start_listening(
-            [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
-             str(scratch / "azurite"), "--silent", "--skipApiVersionCheck"],
-            port, scratch / "azurite.log")
+        azurite = [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port),
+                   "--location", str(scratch / "azurite"), "--silent", "--skipApiVersionCheck"]
+        server = start_listening(azurite, port, scratch / "azurite.log")
         from azure.storage.blob import BlobServiceClient
         BlobServiceClient.from_connection_string(
             "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
             f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
         ).create_container(BUCKET)
         relay = Outage(port)
+        # Azurite keeps its data on disk (--location): here the outage is the real thing, the
+        # server stopped and started again; moto keeps its data in memory, so S3's outage is
+        # the relay cut.
+        relay.server = server
+        # Stopped as a service is (SIGTERM): Azurite writes its metadata out on the way down.
+        relay.stopped = lambda: relay.server.terminate() or relay.server.wait()
+        relay.started = lambda: start_listening(azurite, port, scratch / "azurite.log")
         url = f"az://{BUCKET}/replicas"
         env = {
             "AZURE_STORAGE_USE_EMULATOR": "true",
@@ -167,6 +189,7 @@ def shared(request):
         yield url, env, relay, scratch
     finally:
         relay.close()
+        server = relay.server or server
         server.kill()
         server.wait()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -339,9 +362,9 @@ def test_two_replicas_deploying_at_once_one_wins_the_other_gets_409(replicas):
 
 
 def test_replicas_serve_their_cache_while_the_store_is_away(replicas):
-    """The S3 server becomes unreachable under load and comes back: no request fails, a deploy
-    meanwhile is refused (503), a replica restarted meanwhile serves its cache, and all
-    converge afterwards."""
+    """The object store goes away under load (Azurite stopped, S3 cut off) and comes back: no
+    request fails, a deploy meanwhile is refused (503), a replica restarted meanwhile serves
+    its cache and says so, and all converge afterwards."""
     group, relay = replicas
     if relay is None:
         pytest.skip("the outage is simulated for object stores (a relay in front of them)")
@@ -359,7 +382,7 @@ def test_replicas_serve_their_cache_while_the_store_is_away(replicas):
     loader = threading.Thread(target=load)
     loader.start()
     try:
-        relay.cut()
+        relay.stop_store()
         try:
             wait_for(lambda: metric_value(servers[2], "tessera_shared_store_reachable") == 0, 15)
             status, _, body = deploy(servers[1], "steady", 8)
@@ -373,7 +396,7 @@ def test_replicas_serve_their_cache_while_the_store_is_away(replicas):
             status, headers, _ = restarted.request("GET", "/v2/health/ready")
             assert status == 200 and "unreachable" in headers.get("tessera-store", "")
         finally:
-            relay.restore()
+            relay.start_store()
         servers = [s for s, _, _ in group.running]
         status, _, body = deploy(servers[1], "steady", 8)
         assert status == 200, body
