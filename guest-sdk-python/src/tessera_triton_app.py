@@ -51,6 +51,7 @@ def _initialize(config_json: str) -> None:
     global _model
     try:
         config = json.loads(config_json)
+        pb_utils._declare_outputs(config)
         name = config.get("name", "")
         args = {
             "model_config": config_json,
@@ -169,7 +170,7 @@ def _to_wit(response, request: "wire.WireRequest"):
         kind = pb_utils.ERROR_KINDS.get(err.code(), "internal")
         return wire.Err(wire.error_to_wit(kind, err.message()))
     wanted = set(request.requested_outputs)
-    outputs = [t._wire.to_wit() for t in response._outputs
+    outputs = [pb_utils._wire_as_declared(t).to_wit() for t in response._outputs
                if not wanted or t.name() in wanted]
     return Ok(types.Response(outputs, wire.parameters_to_wit(response._parameters)))
 

@@ -164,6 +164,27 @@ def infer(model: str, version, request: WireRequest):
             parameters_from_wit(response.parameters))
 
 
+def infer_stream(model: str, version, request: WireRequest):
+    """Calls `model` through the server's queue and yields each of its responses as they come
+    (the WIT `infer-stream`: every response of a decoupled model, the one of any other), as
+    (tensors, parameters); an error raises `InferError` and ends it. Closing the generator
+    early cancels the call."""
+    try:
+        stream = _inference.infer_stream(model, version, request.to_wit())
+    except Err as e:
+        raise InferError(error_kind_name(e.value.kind), e.value.message) from None
+    with stream:
+        while True:
+            item = stream.next()
+            if item is None:
+                return
+            if isinstance(item, Err):
+                raise InferError(error_kind_name(item.value.kind), item.value.message)
+            response = item.value
+            yield ([WireTensor.from_wit(t) for t in response.outputs],
+                   parameters_from_wit(response.parameters))
+
+
 def log(level: str, message: str) -> None:
     _log.log(getattr(_log.Level, level.upper()), message)
 

@@ -118,6 +118,36 @@ def _kserve_of_dtype(dtype) -> str:
     raise TritonModelException(f"tensors of numpy type {name} are not supported")
 
 
+# Output name -> the KServe datatype the model's configuration declares (set at initialize).
+_DECLARED_OUTPUTS: dict = {}
+
+
+def _declare_outputs(config: dict) -> None:
+    _DECLARED_OUTPUTS.clear()
+    for output in config.get("output", []):
+        for kserve, config_name, _, _ in _TYPES:
+            if config_name == output.get("data_type"):
+                _DECLARED_OUTPUTS[output.get("name")] = kserve
+
+
+def _wire_as_declared(tensor: "Tensor") -> "wire.WireTensor":
+    """An output in the datatype its configuration declares. Triton passes a Python model's
+    output on in its numpy type whatever the configuration says (its own
+    examples/bls_decoupled returns int64 for an INT32 output); Tessera keeps the declared
+    contract, converting when no value changes (else the server refuses the response, naming
+    both types)."""
+    declared = _DECLARED_OUTPUTS.get(tensor.name())
+    have = tensor._wire.datatype
+    if declared is None or declared == have or "BYTES" in (declared, have):
+        return tensor._wire
+    array = tensor.as_numpy()
+    np_name = next(n for kserve, _, _, n in _TYPES if kserve == declared)
+    cast = array.astype(_np_type(np_name))
+    if cast.tolist() != array.tolist():
+        return tensor._wire
+    return wire.WireTensor.from_array(tensor.name(), declared, cast, np)
+
+
 def serialize_byte_tensor(input_tensor):
     """Triton's wire form of a BYTES tensor: each element as a 4-byte length and its bytes."""
     if input_tensor.size == 0:
@@ -330,24 +360,60 @@ class InferenceRequest:
         return self._sender
 
     def exec(self, decoupled=False):
-        """Calls the model through the server's queue; an error comes back in the response."""
-        if decoupled:
-            raise TritonModelException("exec(decoupled=True) is not supported in the sandbox yet")
+        """Calls the model through the server's queue; an error comes back in the response.
+        With `decoupled=True`, an iterator of the model's responses as they come (every
+        response of a decoupled model, the one of any other), ending, as in Triton, with an
+        empty response (the final flag's)."""
         version = None if self._model_version < 0 else self._model_version
+        request = wire.WireRequest(self._request_id or "", [t._wire for t in self._inputs],
+                                   self._requested, self._parameters)
+        if decoupled:
+            return _ResponseIterator(wire.infer_stream(self._model_name, version, request))
         try:
-            outputs, parameters = wire.infer(
-                self._model_name, version,
-                wire.WireRequest(self._request_id or "", [t._wire for t in self._inputs],
-                                 self._requested, self._parameters))
+            outputs, parameters = wire.infer(self._model_name, version, request)
         except wire.InferError as e:
-            return InferenceResponse(error=TritonError(e.message, _ERROR_CODES.get(e.kind,
-                                                                                   TritonError.INTERNAL)))
+            return InferenceResponse(error=_triton_error(e))
         return InferenceResponse(output_tensors=[Tensor._from_wire(t) for t in outputs],
                                  parameters=parameters)
 
     async def async_exec(self, decoupled=False):
         # The sandbox has one thread: the call runs when awaited, one after another.
         return self.exec(decoupled)
+
+
+def _triton_error(e) -> "TritonError":
+    return TritonError(e.message, _ERROR_CODES.get(e.kind, TritonError.INTERNAL))
+
+
+class _ResponseIterator:
+    """What `exec(decoupled=True)` returns: the responses as they come, an error as a response
+    that ends them, then an empty final response, as Triton's response iterator gives."""
+
+    def __init__(self, stream):
+        self._stream, self._done = stream, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        try:
+            outputs, parameters = next(self._stream)
+        except StopIteration:
+            self._done = True
+            return InferenceResponse()
+        except wire.InferError as e:
+            self._done = True
+            self._stream.close()
+            return InferenceResponse(error=_triton_error(e))
+        return InferenceResponse(output_tensors=[Tensor._from_wire(t) for t in outputs],
+                                 parameters=parameters)
+
+    def cancel(self):
+        """Stops the call (the called model's next send fails)."""
+        self._done = True
+        self._stream.close()
 
 
 _ERROR_CODES = {
@@ -416,7 +482,7 @@ class InferenceResponseSender:
                 err = response.error()
                 self._sender.send_error(ERROR_KINDS.get(err.code(), "internal"), err.message())
             else:
-                outputs = [t._wire for t in response._outputs
+                outputs = [_wire_as_declared(t) for t in response._outputs
                            if not self._requested or t.name() in self._requested]
                 self._sender.send(outputs, response._parameters, final)
         except wire.SendError as e:

@@ -446,3 +446,25 @@ def test_a_cancelled_request_says_so_and_refuses_sends():
     with pytest.raises(pb_utils.TritonModelException, match="its caller has gone"):
         request.get_response_sender().send(
             pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("A", np.zeros(1))]))
+
+
+def test_an_output_takes_the_declared_datatype_when_no_value_changes():
+    # Triton's examples/bls_decoupled sums into np.array([0]) (int64) for an INT32 output.
+    pb_utils._declare_outputs({"output": [{"name": "SUM", "data_type": "TYPE_INT32"},
+                                          {"name": "TEXT", "data_type": "TYPE_STRING"}]})
+    try:
+        fits = pb_utils._wire_as_declared(pb_utils.Tensor("SUM", np.array([16], dtype=np.int64)))
+        assert fits.datatype == "INT32"
+        assert fits.to_array(np).tolist() == [16] and fits.to_array(np).dtype == np.int32
+        # A value the declared type cannot hold stays as it is: the server refuses it by name.
+        big = pb_utils._wire_as_declared(pb_utils.Tensor("SUM", np.array([2**40], dtype=np.int64)))
+        assert big.datatype == "INT64"
+        fraction = pb_utils._wire_as_declared(pb_utils.Tensor("SUM", np.array([0.5])))
+        assert fraction.datatype == "FP64"
+        # Undeclared outputs and strings pass as they are.
+        other = pb_utils._wire_as_declared(pb_utils.Tensor("OTHER", np.array([1], dtype=np.int64)))
+        assert other.datatype == "INT64"
+        text = pb_utils._wire_as_declared(pb_utils.Tensor("TEXT", np.array([b"a"], dtype=np.object_)))
+        assert text.datatype == "BYTES"
+    finally:
+        pb_utils._declare_outputs({})

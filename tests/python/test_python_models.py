@@ -48,6 +48,10 @@ UPSTREAM = {
     "repository/repeat_int32/config.pbtxt": "d5e673f285a628d78a9e0cb12d4e994bff57180916c443bc8992a196cc27d18a",
     "clients/square_client.py": "d4a678870f8ed629a8065b97bd5eca1686987febcbe3b77bfebfae315e191c30",
     "clients/repeat_client.py": "3f274e597fd271dfa18e0c3d93b76cb45dc6ea0e6e5b10bbee3d39e6aef3fcb0",
+    # examples/bls_decoupled: the synchronous BLS call of a decoupled model (square_int32).
+    "repository/bls_decoupled_sync/1/model.py": "b7716703e97f2973f29ae94bdc1a771e32121dcc6a443651fea6750ee7e72a33",
+    "repository/bls_decoupled_sync/config.pbtxt": "fecf9f2ed7c0314a40a0dcf01c03cb042b6e353b2608fc76c522d1fdd71830a1",
+    "clients/bls_decoupled_sync_client.py": "8fd19ada23d53fe6fcd1dc46837a996b0072b48fb5146c60b1632d5fc6b1d14b",
 }
 
 # A Triton-style model.py that misbehaves on request: MODE picks how.
@@ -173,7 +177,7 @@ def python_server():
         shutil.copytree(REPO_ROOT / "examples" / "python" / model, repo / model,
                         ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
     models = ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py",
-              "count_py", "square_int32", "repeat_int32", "decoupled_probe")
+              "count_py", "square_int32", "repeat_int32", "decoupled_probe", "bls_decoupled_sync")
     # Two builds at a time: componentize-py works mostly on one core.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         builds = dict(zip(models, pool.map(lambda m: tessera_build(repo / m), models)))
@@ -182,14 +186,14 @@ def python_server():
         assert (repo / model / "1" / "model.wasm").is_file()
         assert not (repo / model / "1" / "__pycache__").exists(), "the build left __pycache__"
     srv, proc, log = launch(binary(), ["--model-repository", str(repo)],
-                            # Ten Python models: the first compiles CPython (~16 s on 2 cores),
+                            # Eleven Python models: the first compiles CPython (~16 s on 2 cores),
                             # the next reuse most of it (--wasm-function-cache-bytes).
                             ready_path="/v2/models/add_sub/ready", ready_timeout=600)
     ok = False
     try:
         for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch",
                       "add_sub_py", "bls_py", "count_py", "square_int32", "repeat_int32",
-                      "decoupled_probe"):
+                      "decoupled_probe", "bls_decoupled_sync"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
         yield srv
@@ -260,7 +264,10 @@ def test_bls_async_model_py_gathers_two_models(python_server):
                                            ("async_client.py", "PASS: BLS Async"),
                                            # decoupled: gRPC streams, threads in the model
                                            ("square_client.py", "PASS: square_int32"),
-                                           ("repeat_client.py", "PASS: repeat_int32")])
+                                           ("repeat_client.py", "PASS: repeat_int32"),
+                                           # BLS to a decoupled model: exec(decoupled=True)
+                                           ("bls_decoupled_sync_client.py",
+                                            "PASS: BLS Decoupled Sync")])
 def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
     # Triton's client, with only its server address changed (localhost:8000 or :8001).
     source = (EXAMPLES / "clients" / script).read_text()
