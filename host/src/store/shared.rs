@@ -273,7 +273,15 @@ impl SharedStore {
     /// The newest generation of the tenant registry (0: none yet).
     pub async fn registry_generation(&self) -> Result<u64, SharedStoreError> {
         let prefix = self.path(&["tenants", "registry"]);
-        let listed: Vec<_> = self.objects.list(Some(&prefix)).try_collect().await?;
+        Ok(self.newest_generation(&prefix).await?.unwrap_or(0))
+    }
+
+    /// The highest `<generation>.json` directly under `prefix` (one LIST); `None`: none.
+    async fn newest_generation(
+        &self,
+        prefix: &ObjectPath,
+    ) -> Result<Option<u64>, SharedStoreError> {
+        let listed: Vec<_> = self.objects.list(Some(prefix)).try_collect().await?;
         Ok(listed
             .iter()
             .filter_map(|m| {
@@ -283,8 +291,7 @@ impl SharedStore {
                     .parse::<u64>()
                     .ok()
             })
-            .max()
-            .unwrap_or(0))
+            .max())
     }
 
     pub async fn registry(&self, generation: u64) -> Result<Bytes, SharedStoreError> {
@@ -440,18 +447,7 @@ impl SharedArea {
     /// The newest manifest of `key`, read fresh from the store (`None`: never deployed).
     pub async fn latest(&self, key: &str) -> Result<Option<SharedManifest>, SharedStoreError> {
         let prefix = self.store.path(&[self.area, "manifests", &key_path(key)]);
-        let listed: Vec<_> = self.store.objects.list(Some(&prefix)).try_collect().await?;
-        let newest = listed
-            .iter()
-            .filter_map(|m| {
-                m.location
-                    .filename()?
-                    .strip_suffix(".json")?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .max();
-        match newest {
+        match self.store.newest_generation(&prefix).await? {
             Some(generation) => self.manifest(key, generation).await.map(Some),
             None => Ok(None),
         }
