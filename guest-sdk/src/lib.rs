@@ -18,7 +18,8 @@
 //!   status code the client sees;
 //! - [`infer`] and [`model_metadata`] to call other models of the same server (business logic
 //!   scripting), with [`Request::builder`];
-//! - [`log`], the host's log;
+//! - [`log`], the host's log, and [`metrics`], custom counters, gauges and histograms on the
+//!   server's `/metrics`;
 //! - [`DecoupledModel`] and [`export_decoupled_model!`] for decoupled models, which answer a
 //!   request with any number of responses through a [`ResponseSender`] (Triton's
 //!   `model_transaction_policy { decoupled: true }`); see the `repeat` example.
@@ -73,6 +74,7 @@ mod decoupled;
 mod error;
 mod infer;
 pub mod log;
+pub mod metrics;
 mod request;
 mod tensor;
 #[cfg(not(target_arch = "wasm32"))]
@@ -117,6 +119,7 @@ pub mod bindings_decoupled {
             "tessera:inference/types@0.1.0": crate::bindings::tessera::inference::types,
             "tessera:inference/inference@0.1.0": crate::bindings::tessera::inference::inference,
             "tessera:inference/log@0.1.0": crate::bindings::tessera::inference::log,
+            "tessera:inference/metrics@0.1.0": crate::bindings::tessera::inference::metrics,
         },
     });
 }

@@ -1044,6 +1044,7 @@ impl Server {
         let mut text = crate::metrics::render_prometheus(&models, &self.wasm.counters.families());
         self.functions.render_metrics(&mut text);
         self.llm_metrics.render(&mut text);
+        self.wasm.custom_metrics.render(&mut text);
         self.tenants.render_metrics(&mut text);
         let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
         let mut family = crate::metrics::Family::start(

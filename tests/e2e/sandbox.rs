@@ -252,3 +252,45 @@ async fn a_call_to_itself_from_initialize_is_refused_at_once() {
     assert_eq!(status, 500, "{body}");
     misbehaves_with(&s, "init_self_call", -9.0, 500, "cycle").await;
 }
+
+#[tokio::test]
+async fn custom_metrics_reach_metrics_and_a_guest_cannot_break_them() {
+    let s = start().await;
+    let rows = |n: usize, v: f32| json!([{ "name": "X", "shape": [n, 1], "datatype": "FP32", "data": vec![v; n] }]);
+    let (status, body) = s.infer("metrics_probe", rows(2, 5.0)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = s.infer("metrics_probe", rows(3, 50.0)).await;
+    assert_eq!(status, 200, "{body}");
+    // The guest reads back what the host holds: both requests, whichever instance ran them.
+    assert_eq!(output_f32(&body, "Y"), vec![5.0; 3]);
+    let text = s.metrics().await;
+    for line in [
+        "# HELP probe_rows_total Rows seen",
+        "# TYPE probe_rows_total counter",
+        "probe_rows_total{model=\"metrics_probe\"} 5",
+        "# TYPE probe_last_x gauge",
+        "probe_last_x{model=\"metrics_probe\"} 50",
+        "# TYPE probe_x histogram",
+        "probe_x_bucket{model=\"metrics_probe\",le=\"1\"} 0",
+        "probe_x_bucket{model=\"metrics_probe\",le=\"10\"} 2",
+        "probe_x_bucket{model=\"metrics_probe\",le=\"100\"} 5",
+        "probe_x_bucket{model=\"metrics_probe\",le=\"+Inf\"} 5",
+        "probe_x_sum{model=\"metrics_probe\"} 160",
+        "probe_x_count{model=\"metrics_probe\"} 5",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    // A counter only grows: the host refuses, the request fails with the reason, and the
+    // server, a bystander and the guest go on.
+    let (status, err) = s.infer("metrics_probe", x(-1.0)).await;
+    assert_eq!(status, 500, "{err}");
+    let message = err["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("probe_rows_total' only grows"),
+        "{message}"
+    );
+    let (status, body) = s.infer("identity_echo", x(4.0)).await;
+    assert_eq!((status, output_f32(&body, "Y")), (200, vec![4.0]));
+    let (status, body) = s.infer("metrics_probe", x(2.0)).await;
+    assert_eq!((status, output_f32(&body, "Y")), (200, vec![6.0]), "{body}");
+}

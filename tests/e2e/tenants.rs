@@ -888,3 +888,35 @@ async fn the_command_line_manages_tenants_and_deploys_as_one() {
     assert_eq!(tenant_client.infer("mine", 1.0).await.status, 401);
     server.stop();
 }
+
+#[tokio::test]
+async fn a_tenants_custom_metrics_carry_its_name_and_leave_with_its_model() {
+    let repo = temp_dir("tenants-metrics-repo");
+    let store = temp_dir("tenants-metrics-store");
+    let server = start(&[repo], &store, &[]).await;
+    let admin = Client::new(&server, ADMIN_KEY);
+    let acme = Client::new(&server, &tenant(&admin, "acme").await);
+    let d = acme
+        .deploy(
+            "probe",
+            &handler_config("probe", 1),
+            &component("metrics_probe"),
+        )
+        .await;
+    assert_eq!(d.status, 200, "{}", d.text);
+    let answer = acme.infer("probe", 3.0).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    // The tenant's series carry its name, set by the server (the guest's own labels after it);
+    // the guest labels them with the model's name as its configuration gives it: the name the
+    // tenant chose, not the key the server keeps it under.
+    let sample = "probe_rows_total{tenant=\"acme\",model=\"probe\"}";
+    assert_eq!(metric(&server, sample).await, Some(1));
+    let gone = acme
+        .post("/v2/repository/models/probe/unload", &json!({}))
+        .await;
+    assert_eq!(gone.status, 200, "{}", gone.text);
+    wait_until("the unloaded model's series leave /metrics", || async {
+        metric(&server, sample).await.is_none()
+    })
+    .await;
+}

@@ -31,6 +31,7 @@ pub(super) mod bindings {
             "tessera:inference/types": crate::backend::wasm::tessera::inference::types,
             "tessera:inference/inference": crate::backend::wasm::tessera::inference::inference,
             "tessera:inference/log": crate::backend::wasm::tessera::inference::log,
+            "tessera:inference/metrics": crate::backend::wasm::tessera::inference::metrics,
             "tessera:inference/streaming.response-sender": super::StreamSender,
         },
     });

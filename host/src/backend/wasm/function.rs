@@ -54,6 +54,7 @@ pub struct WasmFunction {
     allowed_hosts: Arc<[String]>,
     inference: Weak<dyn Inference>,
     counters: Arc<Counters>,
+    custom_metrics: Arc<super::custom_metrics::CustomMetrics>,
     log_rate: Arc<LogRate>,
     /// Invocations running; at `max_concurrency`, the next one is refused at once.
     running: Arc<tokio::sync::Semaphore>,
@@ -183,6 +184,7 @@ impl WasmRuntime {
             allowed_hosts: Arc::from(allowed_hosts),
             inference,
             counters: self.counters.for_model(&counter_key),
+            custom_metrics: self.custom_metrics.clone(),
             stats: FunctionStats::default(),
         }))
     }
@@ -263,6 +265,7 @@ impl WasmFunction {
             limits,
             inference: self.inference.clone(),
             counters: self.counters.clone(),
+            custom_metrics: self.custom_metrics.clone(),
             log_rate: self.log_rate.clone(),
             ticker: self.ticker.clone(),
             env: &self.env,

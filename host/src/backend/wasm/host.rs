@@ -25,6 +25,8 @@ use super::{Bindings, Live, Pre, convert};
 use crate::infer::{CallContext, ErrorKind, InferError, Inference};
 use crate::stream::ResponseSender;
 
+use super::custom_metrics::CustomMetrics;
+
 /// Per model version: everything needed to create instances.
 pub struct WasmModel {
     pub pre: Pre,
@@ -35,6 +37,8 @@ pub struct WasmModel {
     pub config_json: String,
     pub inference: Weak<dyn Inference>,
     pub counters: Arc<Counters>,
+    /// The server's guest-defined metric families.
+    pub custom_metrics: Arc<CustomMetrics>,
     /// Instances alive across every Wasm model.
     pub instances: Arc<InstanceTracker>,
     pub ticker: Arc<EpochTicker>,
@@ -349,6 +353,7 @@ pub struct HostState {
     model: String,
     version: i64,
     counters: Arc<Counters>,
+    custom_metrics: Arc<CustomMetrics>,
     ticker: Arc<EpochTicker>,
     log_rate: Arc<LogRate>,
     max_log_bytes: usize,
@@ -381,6 +386,7 @@ pub struct Guest<'a> {
     pub limits: &'a Limits,
     pub inference: Weak<dyn Inference>,
     pub counters: Arc<Counters>,
+    pub custom_metrics: Arc<CustomMetrics>,
     pub log_rate: Arc<LogRate>,
     pub ticker: Arc<EpochTicker>,
     /// Environment variables the guest sees (a function's manifest; none for a model).
@@ -402,6 +408,7 @@ impl HostState {
             limits: &model.limits,
             inference: model.inference.clone(),
             counters: model.counters.clone(),
+            custom_metrics: model.custom_metrics.clone(),
             log_rate: model.log_rate.clone(),
             ticker: model.ticker.clone(),
             env: &[],
@@ -451,6 +458,7 @@ impl HostState {
             model: guest.name.to_owned(),
             version: guest.version,
             counters: guest.counters.clone(),
+            custom_metrics: guest.custom_metrics.clone(),
             ticker: guest.ticker.clone(),
             log_rate: guest.log_rate.clone(),
             max_log_bytes: limits.max_log_bytes,
@@ -480,6 +488,10 @@ impl HostState {
     }
 
     /// The key of the model or function this store belongs to.
+    pub(super) fn custom_metrics(&self) -> &CustomMetrics {
+        &self.custom_metrics
+    }
+
     pub(super) fn model(&self) -> &str {
         &self.model
     }

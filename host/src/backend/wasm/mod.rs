@@ -14,6 +14,7 @@
 
 mod cache;
 mod convert;
+pub mod custom_metrics;
 mod decoupled;
 mod epoch;
 mod function;
@@ -44,6 +45,8 @@ wasmtime::component::bindgen!({
     exports: { default: async },
     with: {
         "tessera:inference/inference.response-stream": host::BlsStream,
+        "tessera:inference/metrics.metric-family": custom_metrics::GuestFamily,
+        "tessera:inference/metrics.metric": custom_metrics::GuestMetric,
     },
 });
 
@@ -60,6 +63,8 @@ pub struct WasmRuntime {
     function_linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     pub counters: Arc<limits::CounterRegistry>,
+    /// The families guests define (the WIT `metrics` interface), shown on `/metrics`.
+    pub custom_metrics: Arc<custom_metrics::CustomMetrics>,
     instances: Arc<limits::InstanceTracker>,
     ticker: Arc<epoch::EpochTicker>,
 }
@@ -124,6 +129,7 @@ impl WasmRuntime {
             function_linker,
             cache_dir,
             counters: Arc::default(),
+            custom_metrics: Arc::default(),
             instances: Arc::default(),
         })
     }
@@ -284,6 +290,10 @@ fn prepare(
         Pre::Unary(ModelPre::new(instance_pre).map_err(runtime_error)?)
     };
     let log_rate = Arc::new(limits::LogRate::new(limits.max_log_bytes_per_second));
+    // The handler sees its configuration as its owner wrote it: a tenant's model is named by
+    // its own name there, not by the key the server keeps it under.
+    let mut config_json = crate::config::to_json(config);
+    config_json["name"] = crate::namespace::shown(&config.name).into();
     Ok(Arc::new(WasmModel {
         log_rate,
         pre,
@@ -291,9 +301,10 @@ fn prepare(
         limits,
         name: name.to_owned(),
         version,
-        config_json: crate::config::to_json(config).to_string(),
+        config_json: config_json.to_string(),
         inference,
         counters: runtime.counters.for_model(name),
+        custom_metrics: runtime.custom_metrics.clone(),
         instances: runtime.instances.clone(),
         ticker: runtime.ticker.clone(),
         files,
