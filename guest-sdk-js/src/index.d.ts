@@ -101,3 +101,20 @@ export const log: {
   warn(message: unknown): void;
   error(message: unknown): void;
 };
+
+export interface Metric {
+  increment(value: number): void;
+  set(value: number): void;
+  observe(value: number): void;
+  value(): number;
+}
+
+export interface MetricFamily {
+  metric(labels?: Record<string, string>, buckets?: number[]): Metric;
+}
+
+export function metricFamily(
+  name: string,
+  description: string,
+  kind: "counter" | "gauge" | "histogram",
+): MetricFamily;

@@ -14,6 +14,7 @@
 
 import inference from "tessera:inference/inference@0.1.0";
 import logImport from "tessera:inference/log@0.1.0";
+import metricsImport from "tessera:inference/metrics@0.1.0";
 
 /** An error that becomes the request's KServe error: `kind` picks the status code. */
 export class HandlerError extends Error {
@@ -307,3 +308,36 @@ export const log = {
   warn: (message) => logImport.log("warn", String(message)),
   error: (message) => logImport.log("error", String(message)),
 };
+
+function metricCall(call) {
+  try {
+    return call();
+  } catch (e) {
+    throw internal(String(e?.payload ?? e));
+  }
+}
+
+/**
+ * A custom metric family on the server's `/metrics`: `kind` is "counter", "gauge" or
+ * "histogram". Its `metric(labels, buckets)` is the series with `labels` (an object of strings;
+ * `buckets`, a histogram's upper bounds), with `increment`, `set`, `observe` and `value`. A
+ * family of an existing name is that family; misuse throws an internal error saying what is
+ * wrong. Keep metrics at module level or in the handler's state: a series lives while its
+ * metric is held (the instance's life).
+ */
+export function metricFamily(name, description, kind) {
+  const family = metricCall(() => metricsImport.family(String(name), String(description), kind));
+  return {
+    metric(labels = {}, buckets = undefined) {
+      const pairs = Object.entries(labels).map(([k, v]) => [String(k), String(v)]);
+      const bounds = buckets === undefined ? undefined : Array.from(buckets, Number);
+      const series = metricCall(() => family.metric(pairs, bounds));
+      return {
+        increment: (value) => metricCall(() => series.increment(Number(value))),
+        set: (value) => metricCall(() => series.set(Number(value))),
+        observe: (value) => metricCall(() => series.observe(Number(value))),
+        value: () => metricCall(() => series.value()),
+      };
+    },
+  };
+}

@@ -28,6 +28,10 @@ try:  # only a decoupled model's world imports `streaming`
     from wit_world.imports import streaming as _streaming
 except ImportError:
     _streaming = None
+try:
+    from wit_world.imports import metrics as _metrics
+except ImportError:  # on the host, in the shim's tests (which set `_metrics` themselves)
+    _metrics = None
 
 # KServe datatype -> (numpy type name, bytes per element)
 NUMPY_NAMES = {
@@ -187,6 +191,37 @@ def infer_stream(model: str, version, request: WireRequest):
 
 def log(level: str, message: str) -> None:
     _log.log(getattr(_log.Level, level.upper()), message)
+
+
+class MetricError(Exception):
+    """The host refused a metrics call; the message says why."""
+
+
+def _metric_call(call):
+    try:
+        return call()
+    except Err as e:
+        raise MetricError(e.value) from None
+
+
+def metric_family(name: str, description: str, kind: str):
+    """The WIT `metrics.family` (kind: `counter`, `gauge` or `histogram`): the family's handle."""
+    return _metric_call(
+        lambda: _metrics.family(name, description, getattr(_metrics.MetricKind, kind.upper())))
+
+
+def metric(family, labels: list, buckets) -> object:
+    """The series of `family` with `labels` ((name, value) pairs): its handle."""
+    return _metric_call(lambda: family.metric(labels, buckets))
+
+
+def metric_update(series, operation: str, value: float) -> None:
+    """`increment`, `set` or `observe` on a series."""
+    _metric_call(lambda: getattr(series, operation)(value))
+
+
+def metric_value(series) -> float:
+    return _metric_call(series.value)
 
 
 class SendError(Exception):

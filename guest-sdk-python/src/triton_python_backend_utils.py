@@ -532,12 +532,63 @@ class Logger:
 
 
 class MetricFamily:
+    """Triton's custom metric family: a metric name, its description and kind, on the server's
+    `/metrics`. A family of an existing name is that family (its first description stays; another
+    kind is an error). Its series are made with `Metric(labels, buckets)` and live as long as the
+    `Metric` object does."""
+
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
+    _KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
 
     def __init__(self, name, description, kind):
-        raise TritonModelException("custom metrics are not available to handlers yet")
+        if not isinstance(name, str) or not isinstance(description, str):
+            raise TypeError("MetricFamily: name and description must be strings")
+        if kind not in self._KINDS:
+            raise TritonModelException(
+                f"MetricFamily: unknown kind {kind!r}; use MetricFamily.COUNTER, GAUGE or HISTOGRAM")
+        self.name, self.description, self.kind = name, description, kind
+        self._family = _metrics(lambda: wire.metric_family(name, description, self._KINDS[kind]))
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - Triton's name
+        """The series with `labels` (a dict of strings); `buckets`, a histogram's upper bounds."""
+        labels = {} if labels is None else labels
+        if not isinstance(labels, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise TypeError("Metric: labels must be a dict of strings to strings")
+        bounds = None if buckets is None else [float(b) for b in buckets]
+        return Metric(_metrics(lambda: wire.metric(self._family, list(labels.items()), bounds)))
+
+
+class Metric:
+    """One series of a `MetricFamily`."""
+
+    def __init__(self, series):
+        self._series = series
+
+    def increment(self, value):
+        """Adds `value` (a counter's must not be negative)."""
+        _metrics(lambda: wire.metric_update(self._series, "increment", float(value)))
+
+    def set(self, value):
+        """Sets a gauge's value."""
+        _metrics(lambda: wire.metric_update(self._series, "set", float(value)))
+
+    def observe(self, value):
+        """Counts `value` into a histogram."""
+        _metrics(lambda: wire.metric_update(self._series, "observe", float(value)))
+
+    def value(self):
+        """A counter's or gauge's current value."""
+        return _metrics(lambda: wire.metric_value(self._series))
+
+
+def _metrics(call):
+    try:
+        return call()
+    except wire.MetricError as e:
+        raise TritonModelException(str(e)) from None
 
 
 def using_decoupled_model_transaction_policy(model_config) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,27 @@ from conftest import (
 
 
 PROBE = """
-import { asStrings, fromStrings, input, model, utf8Decode, utf8Encode } from "@tessera/guest";
+import { asStrings, fromStrings, input, metricFamily, model, utf8Decode, utf8Encode } from "@tessera/guest";
+const held = [];
 
 export const handler = model({
   executeRequest(request) {
     const [mode] = asStrings(input(request, "MODE"));
+    if (mode === "metrics") {
+      const gauge = metricFamily("probe_js_depth", "Depth", "gauge").metric({ stage: "post" });
+      gauge.set(4);
+      gauge.increment(1.5);
+      const sizes = metricFamily("probe_js_sizes", "Sizes", "histogram").metric({}, [2, 20]);
+      sizes.observe(5);
+      held.push(gauge, sizes);
+      let refused = "accepted";
+      try {
+        metricFamily("probe_js_total", "Total", "counter").metric().increment(-3);
+      } catch (e) {
+        refused = e.message;
+      }
+      return { outputs: [fromStrings("OUT", [1], [`${gauge.value()}|${refused}`])] };
+    }
     if (mode === "loop") { for (;;) {} }
     if (mode === "memory") { const hoard = []; for (;;) hoard.push(new Uint8Array(16 << 20)); }
     if (mode === "throw") { throw new TypeError("thrown on purpose"); }
@@ -184,6 +201,17 @@ def test_a_typescript_syntax_error_fails_the_build_with_its_line(tmp_path):
     assert built.returncode != 0
     assert "TypeScript could not be transpiled" in built.stderr and "model.ts:2" in built.stderr, built.stderr
     assert not (model / "1" / "model.wasm").exists()
+
+
+def test_javascript_metric_families_reach_metrics(js_server):
+    value, refused = probe(js_server, "js_probe", "metrics").decode().split("|", 1)
+    assert float(value) == 5.5
+    assert "only grows" in refused, refused
+    url = f"http://{js_server.host}:{js_server.metrics_port}/metrics"
+    lines = urllib.request.urlopen(url, timeout=10).read().decode().splitlines()
+    for line in ['probe_js_depth{stage="post"} 5.5', 'probe_js_sizes_bucket{le="20"} 1',
+                 "probe_js_sizes_count 1", "# TYPE probe_js_sizes histogram"]:
+        assert line in lines, line
 
 
 def test_a_typescript_generator_streams_each_yield(js_server):

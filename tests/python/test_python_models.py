@@ -17,6 +17,7 @@ import queue
 import shutil
 import subprocess
 import sys
+import urllib.request
 import tempfile
 from pathlib import Path
 
@@ -52,6 +53,10 @@ UPSTREAM = {
     "repository/bls_decoupled_sync/1/model.py": "b7716703e97f2973f29ae94bdc1a771e32121dcc6a443651fea6750ee7e72a33",
     "repository/bls_decoupled_sync/config.pbtxt": "fecf9f2ed7c0314a40a0dcf01c03cb042b6e353b2608fc76c522d1fdd71830a1",
     "clients/bls_decoupled_sync_client.py": "8fd19ada23d53fe6fcd1dc46837a996b0072b48fb5146c60b1632d5fc6b1d14b",
+    # examples/custom_metrics: pb_utils.MetricFamily, read back from /metrics by the client.
+    "repository/custom_metrics/1/model.py": "961d115b7bd18876c0eaa9117b41fa4122643c8669d32292855d813f288d8015",
+    "repository/custom_metrics/config.pbtxt": "b5ef232d7afd41b16f8699a4aa3f37c0a817651a57f3e1c9d8847cb9beea8af8",
+    "clients/custom_metrics_client.py": "5287880bcbd2e0fd3a147923d78491308ad023a38b66e784767fc64c98d29da1",
 }
 
 # A Triton-style model.py that misbehaves on request: MODE picks how.
@@ -87,6 +92,33 @@ class TritonPythonModel:
                                   "argmax": np.argmax(probs, axis=-1).tolist(),
                                   "shape": list(both.shape),
                                   "has_linalg": hasattr(np, "linalg")}).encode()
+            elif mode == "metrics":
+                family = pb_utils.MetricFamily
+                gauge = family("probe_py_queue", "Queue depth", family.GAUGE).Metric(
+                    labels={"stage": "pre"})
+                gauge.set(7)
+                gauge.increment(-2)
+                sizes = family("probe_py_sizes", "Sizes", family.HISTOGRAM).Metric(buckets=[1, 10])
+                sizes.observe(3)
+                self.held = [gauge, sizes]  # on /metrics while held
+                attempts = {
+                    "reserved": lambda: family("nv_inference_count", "x", family.COUNTER),
+                    "kind": lambda: family("probe_py_queue", "x", family.COUNTER),
+                    "negative": lambda: family("probe_py_total", "t", family.COUNTER).Metric()
+                    .increment(-1),
+                    "no_buckets": lambda: family("probe_py_sizes", "Sizes", family.HISTOGRAM)
+                    .Metric(),
+                    "set_counter": lambda: family("probe_py_total", "t", family.COUNTER).Metric()
+                    .set(3),
+                }
+                refused = {}
+                for name, attempt in attempts.items():
+                    try:
+                        attempt()
+                        refused[name] = "accepted"
+                    except pb_utils.TritonModelException as e:
+                        refused[name] = str(e)
+                out = json.dumps({"gauge": gauge.value(), "refused": refused}).encode()
             elif mode == "file":
                 with open("/etc/passwd") as f:
                     text = f.read()
@@ -177,7 +209,8 @@ def python_server():
         shutil.copytree(REPO_ROOT / "examples" / "python" / model, repo / model,
                         ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
     models = ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py",
-              "count_py", "square_int32", "repeat_int32", "decoupled_probe", "bls_decoupled_sync")
+              "count_py", "square_int32", "repeat_int32", "decoupled_probe", "bls_decoupled_sync",
+              "custom_metrics")
     # Two builds at a time: componentize-py works mostly on one core.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         builds = dict(zip(models, pool.map(lambda m: tessera_build(repo / m), models)))
@@ -193,7 +226,7 @@ def python_server():
     try:
         for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch",
                       "add_sub_py", "bls_py", "count_py", "square_int32", "repeat_int32",
-                      "decoupled_probe", "bls_decoupled_sync"):
+                      "decoupled_probe", "bls_decoupled_sync", "custom_metrics"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
         yield srv
@@ -267,15 +300,20 @@ def test_bls_async_model_py_gathers_two_models(python_server):
                                            ("repeat_client.py", "PASS: repeat_int32"),
                                            # BLS to a decoupled model: exec(decoupled=True)
                                            ("bls_decoupled_sync_client.py",
-                                            "PASS: BLS Decoupled Sync")])
+                                            "PASS: BLS Decoupled Sync"),
+                                           # pb_utils.MetricFamily, read back from /metrics
+                                           ("custom_metrics_client.py", "PASS: custom_metrics")])
 def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
-    # Triton's client, with only its server address changed (localhost:8000 or :8001).
+    # Triton's client, with only its server addresses changed (localhost:8000, :8001, :8002).
     source = (EXAMPLES / "clients" / script).read_text()
-    ports = {'"localhost:8000"': python_server.http_port, '"localhost:8001"': python_server.grpc_port}
-    assert sum(source.count(address) for address in ports) == 1
+    ports = {'"localhost:8000"': python_server.http_port, '"localhost:8001"': python_server.grpc_port,
+             '"http://localhost:8002/metrics"': python_server.metrics_port}
+    assert 1 <= sum(source.count(address) for address in ports) <= 2
     patched = tmp_path / script
     for address, port in ports.items():
-        source = source.replace(address, f'"127.0.0.1:{port}"')
+        scheme = "http://" if address.startswith('"http') else ""
+        path = "/metrics" if address.endswith('/metrics"') else ""
+        source = source.replace(address, f'"{scheme}127.0.0.1:{port}{path}"')
     patched.write_text(source)
     run = subprocess.run([sys.executable, str(patched)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -284,6 +322,23 @@ def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
 
 def _probe(srv, mode: str):
     return probe(srv, "sandbox_probe", mode)
+
+
+def test_pb_utils_metric_families_reach_metrics_and_misuse_is_an_exception(python_server):
+    answer = json.loads(_probe(python_server, "metrics"))
+    assert answer["gauge"] == 5.0
+    refused = answer["refused"]
+    assert "server's own" in refused["reserved"], refused
+    assert "exists as a gauge" in refused["kind"], refused
+    assert "only grows" in refused["negative"], refused
+    assert "needs buckets" in refused["no_buckets"], refused
+    assert "not set" in refused["set_counter"], refused
+    url = f"http://{python_server.host}:{python_server.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    for line in ['probe_py_queue{stage="pre"} 5', 'probe_py_sizes_bucket{le="1"} 0',
+                 'probe_py_sizes_bucket{le="10"} 1', "probe_py_sizes_sum 3", "probe_py_sizes_count 1",
+                 "# TYPE probe_py_sizes histogram"]:
+        assert line in text.splitlines(), line
 
 
 @pytest.mark.parametrize("mode,expected", [
