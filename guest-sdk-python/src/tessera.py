@@ -1,5 +1,5 @@
 """Tessera's Python API for new handlers: typed tensors, requests, errors with their status
-codes, calls to other models, and logging.
+codes, calls to other models, logging and custom metrics.
 
 A handler is a class deriving from `tessera.Handler` in `<version>/model.py`, in a model whose
 `config.pbtxt` says `backend: "wasm"`; `tessera build <model-dir>` makes the component::
@@ -32,7 +32,8 @@ import tessera_wire as _wire
 
 __all__ = [
     "Handler", "Request", "Response", "Tensor", "Error", "InvalidInput", "ModelNotFound",
-    "ModelNotReady", "QuotaExceeded", "Timeout", "Internal", "infer", "log",
+    "ModelNotReady", "QuotaExceeded", "Timeout", "Internal", "infer", "log", "Metric", "counter",
+    "gauge", "histogram",
 ]
 
 _HAVE_NUMPY = not getattr(np, "__tessera_stand_in__", False)
@@ -284,6 +285,58 @@ class _Log:
 
 
 log = _Log()
+
+
+# --- custom metrics ---------------------------------------------------------------------------
+
+class Metric:
+    """One series of a metric family on the server's `/metrics`, made by `counter`, `gauge` or
+    `histogram`. It lives as long as this object: keep it on the handler (`self`). Misuse (a
+    counter decremented, `set` on a counter) raises `Internal` saying what is wrong."""
+
+    def __init__(self, series):
+        self._series = series
+
+    def increment(self, value: float = 1.0) -> None:
+        _metric(lambda: _wire.metric_update(self._series, "increment", float(value)))
+
+    def set(self, value: float) -> None:
+        _metric(lambda: _wire.metric_update(self._series, "set", float(value)))
+
+    def observe(self, value: float) -> None:
+        _metric(lambda: _wire.metric_update(self._series, "observe", float(value)))
+
+    def value(self) -> float:
+        return _metric(lambda: _wire.metric_value(self._series))
+
+
+def _metric(call):
+    try:
+        return call()
+    except _wire.MetricError as e:
+        raise Internal(str(e)) from None
+
+
+def _series(name: str, description: str, kind: str, labels, buckets) -> Metric:
+    pairs = [(str(k), str(v)) for k, v in (labels or {}).items()]
+    family = _metric(lambda: _wire.metric_family(name, description, kind))
+    return Metric(_metric(lambda: _wire.metric(family, pairs, buckets)))
+
+
+def counter(name: str, description: str, labels: Mapping[str, str] | None = None) -> Metric:
+    """The counter `name` with `labels` (a family shared by name across the server)."""
+    return _series(name, description, "counter", labels, None)
+
+
+def gauge(name: str, description: str, labels: Mapping[str, str] | None = None) -> Metric:
+    """The gauge `name` with `labels`."""
+    return _series(name, description, "gauge", labels, None)
+
+
+def histogram(name: str, description: str, buckets: Sequence[float],
+              labels: Mapping[str, str] | None = None) -> Metric:
+    """The histogram `name` with `labels`, counting into `buckets` (upper bounds, increasing)."""
+    return _series(name, description, "histogram", labels, [float(b) for b in buckets])
 
 
 # --- the handler ------------------------------------------------------------------------------

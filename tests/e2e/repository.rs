@@ -300,8 +300,8 @@ fn the_wasm_pool_is_sized_from_the_server_limits() {
     let stderr = String::from_utf8_lossy(&default.stderr);
     assert!(!default.status.success());
     assert!(stderr.contains("--wasm-pool-instances"), "{stderr}");
-    // Sized for 16 instances of at most 256 MiB, the same repository loads.
-    let sized = check_under_ulimit("--wasm-pool-instances 16 --wasm-max-memory-bytes 268435456");
+    // Sized for 20 instances of at most 192 MiB, the same repository loads.
+    let sized = check_under_ulimit("--wasm-pool-instances 20 --wasm-max-memory-bytes 201326592");
     let stdout = String::from_utf8_lossy(&sized.stdout);
     assert!(
         sized.status.success(),
@@ -313,7 +313,7 @@ fn the_wasm_pool_is_sized_from_the_server_limits() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("limit\twasm_pool_instances\t16"),
+        stdout.contains("limit\twasm_pool_instances\t20"),
         "{stdout}"
     );
 }

@@ -28,8 +28,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import (
-    COMPONENTIZE_PY, REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, probe, sse_events,
-    stop, tessera_build,
+    COMPONENTIZE_PY, REPO_ROOT, add_rust_add_sub, add_sub_inputs, binary, launch, metric, probe,
+    sse_events, stop, tessera_build,
 )
 
 EXAMPLES = REPO_ROOT / "examples" / "triton-python"
@@ -322,6 +322,17 @@ def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
 
 def _probe(srv, mode: str):
     return probe(srv, "sandbox_probe", mode)
+
+
+def test_the_tessera_api_counts_into_a_custom_metric(python_server):
+    def elements() -> float:
+        return metric(python_server, "add_sub_py_elements_total", model="add_sub_py")
+
+    before = elements()
+    client = httpclient.InferenceServerClient(python_server.url)
+    a = np.ones(4, dtype=np.float32)
+    client.infer("add_sub_py", add_sub_inputs(httpclient, a, a))
+    assert elements() == before + 4
 
 
 def test_pb_utils_metric_families_reach_metrics_and_misuse_is_an_exception(python_server):

@@ -118,3 +118,36 @@ def test_infer_passes_tensors_on_and_raises_the_callees_error_kind():
             tessera.infer("busy", {"X": np.zeros(1)})
     finally:
         wire.infer = real
+
+
+def test_metrics_pass_labels_and_buckets_on_and_a_refusal_is_internal():
+    calls = []
+
+    def fake_update(series, operation, value):
+        calls.append((series, operation, value))
+        if operation == "increment" and value < 0:
+            raise wire.MetricError("counter 'c' only grows")
+
+    fakes = {
+        "metric_family": lambda name, description, kind: ("family", name, kind),
+        "metric": lambda family, labels, buckets: (family, tuple(labels), buckets),
+        "metric_update": fake_update,
+        "metric_value": lambda series: 7.0,
+    }
+    real = {name: getattr(wire, name) for name in fakes}
+    for name, fake in fakes.items():
+        setattr(wire, name, fake)
+    try:
+        c = tessera.counter("c", "Count", {"model": "m", "n": 1})
+        assert c._series == (("family", "c", "counter"), (("model", "m"), ("n", "1")), None)
+        c.increment()
+        assert calls[-1][1:] == ("increment", 1.0)
+        with pytest.raises(tessera.Internal, match="only grows"):
+            c.increment(-2)
+        h = tessera.histogram("h", "Sizes", [1, 10])
+        assert h._series[2] == [1.0, 10.0]
+        h.observe(3)
+        assert tessera.gauge("g", "G").value() == 7.0
+    finally:
+        for name, fn in real.items():
+            setattr(wire, name, fn)
