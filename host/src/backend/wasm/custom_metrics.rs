@@ -1,6 +1,6 @@
 //! Custom metrics that guests define (the WIT `metrics` interface; Triton's
 //! `pb_utils.MetricFamily`): counters, gauges and histograms on the server's `/metrics`, next
-//! to its own families.
+//! to its own families. The WIT calls land in `host.rs`, with the other imports.
 //!
 //! The registry holds families by name and their series by labels, both weakly: a series lives
 //! while a guest holds a handle on it, and a family while a handle on it or one of its series
@@ -20,10 +20,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use wasmtime::component::Resource;
-
-use super::host::HostState;
-use super::tessera::inference::metrics::{self, MetricKind};
+use super::tessera::inference::metrics::MetricKind;
 
 /// Live series one owner (the operator, or one tenant) may hold across all families.
 pub const MAX_SERIES_PER_OWNER: usize = 2_000;
@@ -360,7 +357,8 @@ fn checked_buckets(family: &str, bounds: Vec<f64>) -> Result<Vec<f64>, String> {
 }
 
 impl Series {
-    fn update(&self, op: &str, value: f64) -> Result<(), String> {
+    /// `op` (`increment`, `set` or `observe`) with `value`, when the family's kind has it.
+    pub(super) fn update(&self, op: &str, value: f64) -> Result<(), String> {
         let name = &self.family.name;
         if value.is_nan() {
             return Err(format!("{op} of '{name}': the value is not a number"));
@@ -409,7 +407,8 @@ impl Series {
         Ok(())
     }
 
-    fn value(&self) -> Result<f64, String> {
+    /// A counter's or gauge's value.
+    pub(super) fn value(&self) -> Result<f64, String> {
         match &*lock(&self.value) {
             Value::Scalar(v) => Ok(*v),
             Value::Histogram { .. } => Err(format!(
@@ -420,88 +419,11 @@ impl Series {
     }
 }
 
-/// A guest's handle on a family.
-pub struct GuestFamily(Arc<Family>);
+/// A guest's handle on a family (the WIT `metric-family` resource).
+pub struct GuestFamily(pub(super) Arc<Family>);
 
-/// A guest's handle on a series.
-pub struct GuestMetric(Arc<Series>);
-
-impl HostState {
-    fn tenant_of_guest(&self) -> Option<&str> {
-        crate::namespace::ModelKey::parse(self.model()).tenant
-    }
-
-    fn guest_series(&mut self, this: &Resource<GuestMetric>) -> Result<Arc<Series>, String> {
-        self.table()
-            .get(this)
-            .map(|m| m.0.clone())
-            .map_err(|e| format!("no such metric: {e}"))
-    }
-}
-
-impl metrics::Host for HostState {
-    async fn family(
-        &mut self,
-        name: String,
-        description: String,
-        kind: MetricKind,
-    ) -> Result<Resource<GuestFamily>, String> {
-        let family = self.custom_metrics().family(&name, &description, kind)?;
-        self.table()
-            .push(GuestFamily(family))
-            .map_err(|e| format!("cannot hold another metric family: {e}"))
-    }
-}
-
-impl metrics::HostMetricFamily for HostState {
-    async fn metric(
-        &mut self,
-        this: Resource<GuestFamily>,
-        labels: Vec<(String, String)>,
-        buckets: Option<Vec<f64>>,
-    ) -> Result<Resource<GuestMetric>, String> {
-        let family = self
-            .table()
-            .get(&this)
-            .map(|f| f.0.clone())
-            .map_err(|e| format!("no such metric family: {e}"))?;
-        let tenant = self.tenant_of_guest().map(str::to_owned);
-        let series = self
-            .custom_metrics()
-            .series(&family, tenant.as_deref(), labels, buckets)?;
-        self.table()
-            .push(GuestMetric(series))
-            .map_err(|e| format!("cannot hold another metric: {e}"))
-    }
-
-    async fn drop(&mut self, this: Resource<GuestFamily>) -> wasmtime::Result<()> {
-        self.table().delete(this)?;
-        Ok(())
-    }
-}
-
-impl metrics::HostMetric for HostState {
-    async fn increment(&mut self, this: Resource<GuestMetric>, value: f64) -> Result<(), String> {
-        self.guest_series(&this)?.update("increment", value)
-    }
-
-    async fn set(&mut self, this: Resource<GuestMetric>, value: f64) -> Result<(), String> {
-        self.guest_series(&this)?.update("set", value)
-    }
-
-    async fn observe(&mut self, this: Resource<GuestMetric>, value: f64) -> Result<(), String> {
-        self.guest_series(&this)?.update("observe", value)
-    }
-
-    async fn value(&mut self, this: Resource<GuestMetric>) -> Result<f64, String> {
-        self.guest_series(&this)?.value()
-    }
-
-    async fn drop(&mut self, this: Resource<GuestMetric>) -> wasmtime::Result<()> {
-        self.table().delete(this)?;
-        Ok(())
-    }
-}
+/// A guest's handle on a series (the WIT `metric` resource).
+pub struct GuestMetric(pub(super) Arc<Series>);
 
 #[cfg(test)]
 mod tests {

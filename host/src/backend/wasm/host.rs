@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
 use tokio::io::AsyncWrite;
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{Resource, ResourceTable};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -25,7 +25,8 @@ use super::{Bindings, Live, Pre, convert};
 use crate::infer::{CallContext, ErrorKind, InferError, Inference};
 use crate::stream::ResponseSender;
 
-use super::custom_metrics::CustomMetrics;
+use super::custom_metrics::{CustomMetrics, GuestFamily, GuestMetric, Series};
+use super::tessera::inference::metrics::{self, MetricKind};
 
 /// Per model version: everything needed to create instances.
 pub struct WasmModel {
@@ -888,5 +889,84 @@ impl log::Host for HostState {
             log::Level::Warn => tracing::warn!(model, version, "{message}"),
             log::Level::Error => tracing::error!(model, version, "{message}"),
         }
+    }
+}
+
+// --- custom metrics (the registry is custom_metrics.rs) ---
+
+impl HostState {
+    fn tenant_of_guest(&self) -> Option<&str> {
+        crate::namespace::ModelKey::parse(self.model()).tenant
+    }
+
+    fn guest_series(&mut self, this: &Resource<GuestMetric>) -> Result<Arc<Series>, String> {
+        self.table()
+            .get(this)
+            .map(|m| m.0.clone())
+            .map_err(|e| format!("no such metric: {e}"))
+    }
+}
+
+impl metrics::Host for HostState {
+    async fn family(
+        &mut self,
+        name: String,
+        description: String,
+        kind: MetricKind,
+    ) -> Result<Resource<GuestFamily>, String> {
+        let family = self.custom_metrics().family(&name, &description, kind)?;
+        self.table()
+            .push(GuestFamily(family))
+            .map_err(|e| format!("cannot hold another metric family: {e}"))
+    }
+}
+
+impl metrics::HostMetricFamily for HostState {
+    async fn metric(
+        &mut self,
+        this: Resource<GuestFamily>,
+        labels: Vec<(String, String)>,
+        buckets: Option<Vec<f64>>,
+    ) -> Result<Resource<GuestMetric>, String> {
+        let family = self
+            .table()
+            .get(&this)
+            .map(|f| f.0.clone())
+            .map_err(|e| format!("no such metric family: {e}"))?;
+        let tenant = self.tenant_of_guest().map(str::to_owned);
+        let series = self
+            .custom_metrics()
+            .series(&family, tenant.as_deref(), labels, buckets)?;
+        self.table()
+            .push(GuestMetric(series))
+            .map_err(|e| format!("cannot hold another metric: {e}"))
+    }
+
+    async fn drop(&mut self, this: Resource<GuestFamily>) -> wasmtime::Result<()> {
+        self.table().delete(this)?;
+        Ok(())
+    }
+}
+
+impl metrics::HostMetric for HostState {
+    async fn increment(&mut self, this: Resource<GuestMetric>, value: f64) -> Result<(), String> {
+        self.guest_series(&this)?.update("increment", value)
+    }
+
+    async fn set(&mut self, this: Resource<GuestMetric>, value: f64) -> Result<(), String> {
+        self.guest_series(&this)?.update("set", value)
+    }
+
+    async fn observe(&mut self, this: Resource<GuestMetric>, value: f64) -> Result<(), String> {
+        self.guest_series(&this)?.update("observe", value)
+    }
+
+    async fn value(&mut self, this: Resource<GuestMetric>) -> Result<f64, String> {
+        self.guest_series(&this)?.value()
+    }
+
+    async fn drop(&mut self, this: Resource<GuestMetric>) -> wasmtime::Result<()> {
+        self.table().delete(this)?;
+        Ok(())
     }
 }
