@@ -500,3 +500,22 @@ async fn a_function_swaps_under_load_without_errors() {
     }
     assert!(old > 0 && new > 0, "{old} old, {new} new");
 }
+
+#[tokio::test]
+async fn a_functions_custom_metrics_outlive_its_invocations() {
+    let repo = temp_dir("empty-repo");
+    let functions = fixture_functions();
+    let server = TestServer::start(&[repo], &["--functions", &functions], &shared_cache()).await;
+    // Each invocation is a fresh instance; the counter it adds to is held for the function.
+    for expected in ["1", "2", "3"] {
+        assert_eq!(
+            get(&server, "/v1/functions/function_probe/metric").await,
+            (200, expected.to_owned())
+        );
+    }
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.lines().any(|l| l == "probe_function_calls_total 3"),
+        "{metrics}"
+    );
+}

@@ -419,6 +419,21 @@ impl Series {
     }
 }
 
+/// The series a function's invocations made, held for the function's deployment: each
+/// invocation is a fresh instance, so without this a series would leave `/metrics` when the
+/// request that made it ends. Dropped with the function (a re-deploy or an unload).
+#[derive(Default)]
+pub struct SeriesKeeper(Mutex<HashMap<usize, Arc<Series>>>);
+
+impl SeriesKeeper {
+    /// Holds `series` (once, however often invocations ask for it).
+    pub fn keep(&self, series: &Arc<Series>) {
+        lock(&self.0)
+            .entry(Arc::as_ptr(series) as usize)
+            .or_insert_with(|| series.clone());
+    }
+}
+
 /// A guest's handle on a family (the WIT `metric-family` resource).
 pub struct GuestFamily(pub(super) Arc<Family>);
 

@@ -55,6 +55,8 @@ pub struct WasmFunction {
     inference: Weak<dyn Inference>,
     counters: Arc<Counters>,
     custom_metrics: Arc<super::custom_metrics::CustomMetrics>,
+    /// The series its invocations made: they live as long as this deployment of it.
+    series: Arc<super::custom_metrics::SeriesKeeper>,
     log_rate: Arc<LogRate>,
     /// Invocations running; at `max_concurrency`, the next one is refused at once.
     running: Arc<tokio::sync::Semaphore>,
@@ -185,6 +187,7 @@ impl WasmRuntime {
             inference,
             counters: self.counters.for_model(&counter_key),
             custom_metrics: self.custom_metrics.clone(),
+            series: Arc::default(),
             stats: FunctionStats::default(),
         }))
     }
@@ -266,6 +269,7 @@ impl WasmFunction {
             inference: self.inference.clone(),
             counters: self.counters.clone(),
             custom_metrics: self.custom_metrics.clone(),
+            series_keeper: Some(self.series.clone()),
             log_rate: self.log_rate.clone(),
             ticker: self.ticker.clone(),
             env: &self.env,

@@ -25,7 +25,7 @@ use super::{Bindings, Live, Pre, convert};
 use crate::infer::{CallContext, ErrorKind, InferError, Inference};
 use crate::stream::ResponseSender;
 
-use super::custom_metrics::{CustomMetrics, GuestFamily, GuestMetric, Series};
+use super::custom_metrics::{CustomMetrics, GuestFamily, GuestMetric, Series, SeriesKeeper};
 use super::tessera::inference::metrics::{self, MetricKind};
 
 /// Per model version: everything needed to create instances.
@@ -355,6 +355,9 @@ pub struct HostState {
     version: i64,
     counters: Arc<Counters>,
     custom_metrics: Arc<CustomMetrics>,
+    /// A function's: what holds the series its invocations make (a model's instance holds its
+    /// own as long as it lives).
+    series_keeper: Option<Arc<SeriesKeeper>>,
     ticker: Arc<EpochTicker>,
     log_rate: Arc<LogRate>,
     max_log_bytes: usize,
@@ -388,6 +391,8 @@ pub struct Guest<'a> {
     pub inference: Weak<dyn Inference>,
     pub counters: Arc<Counters>,
     pub custom_metrics: Arc<CustomMetrics>,
+    /// A function's keeper of the series its invocations make; None for a model.
+    pub series_keeper: Option<Arc<SeriesKeeper>>,
     pub log_rate: Arc<LogRate>,
     pub ticker: Arc<EpochTicker>,
     /// Environment variables the guest sees (a function's manifest; none for a model).
@@ -410,6 +415,7 @@ impl HostState {
             inference: model.inference.clone(),
             counters: model.counters.clone(),
             custom_metrics: model.custom_metrics.clone(),
+            series_keeper: None,
             log_rate: model.log_rate.clone(),
             ticker: model.ticker.clone(),
             env: &[],
@@ -460,6 +466,7 @@ impl HostState {
             version: guest.version,
             counters: guest.counters.clone(),
             custom_metrics: guest.custom_metrics.clone(),
+            series_keeper: guest.series_keeper.clone(),
             ticker: guest.ticker.clone(),
             log_rate: guest.log_rate.clone(),
             max_log_bytes: limits.max_log_bytes,
@@ -937,6 +944,9 @@ impl metrics::HostMetricFamily for HostState {
         let series = self
             .custom_metrics()
             .series(&family, tenant.as_deref(), labels, buckets)?;
+        if let Some(keeper) = &self.series_keeper {
+            keeper.keep(&series);
+        }
         self.table()
             .push(GuestMetric(series))
             .map_err(|e| format!("cannot hold another metric: {e}"))

@@ -59,7 +59,7 @@ pub struct WasmRuntime {
     /// The largest `max_memory_bytes` a handler may be given (`--wasm-max-memory-bytes`).
     max_memory_bytes: u64,
     linker: Linker<HostState>,
-    /// The function world: WASI, `wasi:http`, and Tessera's `inference` and `log`.
+    /// The function world: WASI, `wasi:http`, and Tessera's `inference`, `log` and `metrics`.
     function_linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     pub counters: Arc<limits::CounterRegistry>,

@@ -92,6 +92,23 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, Error> {
                 futures_lite::stream::iter(lines),
             )));
         }
+        "/metric" => {
+            // A fresh instance each time: the count lives in the host, held for the function.
+            let calls = tessera_guest::metrics::Family::new(
+                "probe_function_calls_total",
+                "Calls of function_probe's /metric",
+                tessera_guest::metrics::Kind::Counter,
+            )
+            .and_then(|family| family.metric(&[]))
+            .and_then(|counter| {
+                counter.increment(1.0)?;
+                counter.value()
+            });
+            match calls {
+                Ok(n) => format!("{n}"),
+                Err(e) => format!("error: {e}"),
+            }
+        }
         "/panic" => panic!("the probe panics on request"),
         other => format!("unknown probe {other}"),
     };
