@@ -565,6 +565,24 @@ mod tests {
     }
 
     #[test]
+    fn a_keeper_holds_each_series_once_until_it_goes() {
+        let m = CustomMetrics::default();
+        let keeper = SeriesKeeper::default();
+        let f = m.family("kept", "", MetricKind::Counter).unwrap();
+        for _ in 0..3 {
+            // An invocation: it asks for the series, counts, and ends.
+            let s = m.series(&f, None, vec![], None).unwrap();
+            keeper.keep(&s);
+            s.update("increment", 1.0).unwrap();
+        }
+        drop(f);
+        assert_eq!(lock(&keeper.0).len(), 1);
+        assert!(scrape(&m).contains("kept 3\n"));
+        drop(keeper);
+        assert_eq!(scrape(&m), "", "the function's series left with it");
+    }
+
+    #[test]
     fn series_live_while_held_and_owners_are_bounded() {
         let m = CustomMetrics::default();
         let f = m.family("held", "", MetricKind::Gauge).unwrap();
