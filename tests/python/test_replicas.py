@@ -221,6 +221,9 @@ class Replicas:
         if index is None:
             self.running.append((srv, proc, log))
         else:
+            # The replica it replaces was killed or stopped by the test: its log goes too.
+            _, old_proc, old_log = self.running[index]
+            stop(old_proc, old_log)
             self.running[index] = (srv, proc, log)
         return srv
 
