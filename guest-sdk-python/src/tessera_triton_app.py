@@ -7,7 +7,8 @@ imported here, even those it imports inside a function (`wire.preimport_named_mo
 
 componentize-py makes a new `Handler` object per call, so the model lives in a module global.
 One module serves both worlds: `Handler` for a model, `DecoupledHandler` for a decoupled model
-(`model_transaction_policy { decoupled: true }`), whichever the component was built for.
+(`model_transaction_policy { decoupled: true }`), whichever the component was built for, and
+`ConfigCompletion` when the model.py has an `auto_complete_config` (the `-completing` worlds).
 
 The sandbox has one thread. `threading.Thread.start` runs the thread's function at once, to its
 end (Triton's decoupled examples send their responses from a thread they start in `execute`);
@@ -157,6 +158,29 @@ if hasattr(exports, "DecoupledHandler"):  # the `decoupled-model` world
 
         def finalize(self) -> None:
             _finalize()
+
+
+if hasattr(exports, "ConfigCompletion"):  # built for a model.py with auto_complete_config
+    class ConfigCompletion(exports.ConfigCompletion):
+        """Triton's `TritonPythonModel.auto_complete_config`, called on the class (a static
+        method) once when the model loads, in an instance that is then dropped."""
+
+        def complete_config(self, config_json: str) -> str:
+            complete = getattr(_user_module.TritonPythonModel, "auto_complete_config", None)
+            if complete is None:
+                return config_json
+            try:
+                returned = complete(pb_utils.ModelConfig(config_json))
+            except Exception as e:  # noqa: BLE001 - reported as the load error, with the trace
+                raise wire.Err(f"{type(e).__name__}: {e}\n"
+                               f"{traceback.format_exc(limit=8)}") from None
+            if not isinstance(returned, pb_utils.ModelConfig):
+                raise wire.Err(f"auto_complete_config returned a {type(returned).__name__}; it "
+                               "must return the pb_utils.ModelConfig it was given")
+            try:
+                return json.dumps(returned.as_dict())
+            except (TypeError, ValueError) as e:
+                raise wire.Err(f"the completed configuration is not JSON: {e}") from None
 
 
 def _to_wit(response, request: "wire.WireRequest"):

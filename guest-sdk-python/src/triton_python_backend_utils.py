@@ -591,6 +591,112 @@ def _metrics(call):
         raise TritonModelException(str(e)) from None
 
 
+# --- auto_complete_config ---------------------------------------------------------------------
+
+
+class ModelConfig:
+    """The configuration `TritonPythonModel.auto_complete_config` receives and returns.
+
+    As in Triton, only `max_batch_size`, inputs, outputs, dynamic batching and the decoupled
+    policy can be completed, and what the configuration already says cannot be contradicted
+    (each setter raises ValueError, naming the conflict). The server checks the result again.
+    """
+
+    def __init__(self, model_config):
+        if isinstance(model_config, str):
+            model_config = json.loads(model_config)
+        self._model_config = model_config
+        model_config.setdefault("input", [])
+        model_config.setdefault("output", [])
+        model_config.setdefault("max_batch_size", 0)
+
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def as_dict(self) -> dict:
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        configured = self._model_config["max_batch_size"]
+        if configured > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {configured}, but in "
+                f"auto-complete-config function for model '{self._name()}' specified "
+                f"max_batch_size {max_batch_size}")
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._model_config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{scheduler}', but "
+                    f"auto-complete-config function for model '{self._name()}' tries to set "
+                    "scheduling_choice as 'dynamic_batching'")
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's parameter name
+        self._add_tensor("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict) -> None:
+        self._add_tensor("output", output, ("name", "data_type", "dims"))
+
+    def _add_tensor(self, kind: str, tensor: dict, allowed: tuple) -> None:
+        name = tensor.get("name")
+        where = f"in auto-complete-config function for model '{self._name()}'"
+        for key in tensor:
+            if key not in allowed:
+                listed = ", ".join(f"'{k}'" for k in allowed)
+                raise ValueError(f"{kind} '{name}' {where} contains property other than "
+                                 f"{listed}.")
+        if name is None:
+            raise ValueError(f"{kind} {where} is missing 'name' property.")
+        for key in ("data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(f"{kind} '{name}' {where} is missing '{key}' property.")
+        for current in self._model_config[kind]:
+            if current.get("name") != name:
+                continue
+            configured_type = current.get("data_type", "TYPE_INVALID")
+            if configured_type not in ("TYPE_INVALID", tensor["data_type"]):
+                raise ValueError(
+                    f"unable to load model '{self._name()}', configuration expects datatype "
+                    f"{configured_type} for {kind} '{name}', model provides "
+                    f"{tensor['data_type']}")
+            configured_dims = current.get("dims") or []
+            if configured_dims and list(configured_dims) != list(tensor["dims"]):
+                raise ValueError(
+                    f"model '{self._name()}', tensor '{name}': the model expects dims "
+                    f"{list(tensor['dims'])} but the model configuration specifies dims "
+                    f"{list(configured_dims)}")
+            if ("optional" in tensor and current.get("optional", False)
+                    and current["optional"] != tensor["optional"]):
+                raise ValueError(
+                    f"model '{self._name()}', tensor '{name}': the model expects optional "
+                    f"{tensor['optional']} but the model configuration specifies optional "
+                    f"{current['optional']}")
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = list(tensor["dims"])
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
+            return
+        self._model_config[kind].append(dict(tensor))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict) -> None:
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model "
+                    f"'{self._name()}' contains property other than 'decoupled'.")
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = bool(transaction_policy_dict["decoupled"])
+            if policy.get("decoupled", False) and not wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model "
+                    f"'{self._name()}', which is already set to 'True'.")
+            policy["decoupled"] = wanted
+
+
 def using_decoupled_model_transaction_policy(model_config) -> bool:
     if isinstance(model_config, str):
         model_config = json.loads(model_config)

@@ -44,10 +44,24 @@ enum Language {
 /// the components written.
 pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
     let config_path = dir.join("config.pbtxt");
-    let text = std::fs::read_to_string(&config_path)
-        .with_context(|| format!("cannot read {}", config_path.display()))?;
-    let config = tessera_core::config::parse(&text, &config_path.to_string_lossy())?;
     let versions = source_versions(dir)?;
+    let config = if config_path.exists() {
+        let text = std::fs::read_to_string(&config_path)
+            .with_context(|| format!("cannot read {}", config_path.display()))?;
+        tessera_core::config::parse(&text, &config_path.to_string_lossy())?
+    } else if versions.iter().all(|(_, l)| *l == Language::Python) {
+        // As in Triton, a model.py without a configuration is a Python backend model (its
+        // auto_complete_config may fill in the rest when it loads).
+        tessera_core::config::ModelConfig {
+            backend: "python".into(),
+            ..Default::default()
+        }
+    } else {
+        bail!(
+            "{} is missing: a JavaScript handler needs one with backend: \"wasm\"",
+            config_path.display()
+        );
+    };
     let Some((_, language)) = versions.first() else {
         bail!(
             "{} has no version folder with a model.py, model.js or model.ts (Triton's layout: {}/1/model.py)",
@@ -97,12 +111,8 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
             } else {
                 "tessera_app"
             };
-            let world = if decoupled {
-                "decoupled-model"
-            } else {
-                "model"
-            };
             for (version, _) in &versions {
+                let world = python_world(decoupled, backend == "python" && completes(version)?);
                 built.push(build_python(&tool, &wit, &sdk, version, world, app)?);
             }
         }
@@ -121,6 +131,53 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
         }
     }
     Ok(built)
+}
+
+/// The world a Python model is built for: a decoupled one or not, and one that exports
+/// `config-completion` when the model.py has an `auto_complete_config`.
+fn python_world(decoupled: bool, completes: bool) -> &'static str {
+    match (decoupled, completes) {
+        (false, false) => "model",
+        (true, false) => "decoupled-model",
+        (false, true) => "model-completing",
+        (true, true) => "decoupled-model-completing",
+    }
+}
+
+/// Whether the model's sources define `auto_complete_config`: only the version folder's own
+/// modules are in the component, so a definition is in one of them. A model without one is built
+/// without the export, and its loads skip the extra instance that completing takes.
+fn completes(version: &Path) -> anyhow::Result<bool> {
+    for entry in files_under(version)? {
+        if entry.extension().is_some_and(|e| e == "py") {
+            let text = std::fs::read_to_string(&entry)
+                .with_context(|| format!("cannot read {}", entry.display()))?;
+            if text.contains("auto_complete_config") {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Every file under `dir`, in subfolders too (not following links).
+fn files_under(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder)
+            .with_context(|| format!("cannot read {}", folder.display()))?
+        {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if kind.is_file() {
+                files.push(entry.path());
+            }
+        }
+    }
+    Ok(files)
 }
 
 fn build_python(

@@ -26,7 +26,7 @@ use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 
 use crate::backend::{self, Backends, LoadContext};
-use crate::config::{self, BackendKind, ModelConfig, model_file, pb};
+use crate::config::{self, BackendKind, ModelConfig, pb};
 use crate::device::placement::InstanceSlot;
 use crate::infer::{BoxFuture, InferError, Inference};
 use crate::metrics::ModelStats;
@@ -870,6 +870,15 @@ impl Control<'_> {
             }
             return Ok(None);
         }
+        let entry = match self.complete_config(&name, entry, kind).await {
+            Ok(entry) => entry,
+            Err((entry, reason)) => {
+                tracing::error!(model = name, "{reason}");
+                let reason = without_paths(&reason, &entry.path);
+                let message = format!("failed to load '{shown}': {reason}");
+                return fail(with_error(entry, &reason), message);
+            }
+        };
         let reuse = if mode.force { None } else { live.as_ref() };
         let entry = repo.load_versions(&name, entry, kind, reuse).await;
         Ok(Some(Candidate {
@@ -877,6 +886,54 @@ impl Control<'_> {
             entry,
             record_failure: mode.record_failure,
         }))
+    }
+
+    /// The configuration as the model completes it (Triton's auto-complete: an ONNX file's
+    /// signature, a handler's `auto_complete_config`), then checked: what this server does not
+    /// do is refused, what it ignores is logged. The model speaks through its latest version.
+    async fn complete_config(
+        &self,
+        name: &str,
+        mut entry: ModelEntry,
+        kind: BackendKind,
+    ) -> Result<ModelEntry, (ModelEntry, String)> {
+        let repo = self.repo;
+        let Some(read) = entry.config.clone() else {
+            return Ok(entry);
+        };
+        let mut config = ModelConfig::clone(&read);
+        let latest = entry.versions.keys().next_back().copied();
+        if !repo.options.strict_model_config
+            && let Some(latest) = latest
+        {
+            let ctx = backend::CompletionContext {
+                name: name.to_owned(),
+                config: config.clone(),
+                version_dir: entry.path.join(latest.to_string()),
+            };
+            match repo.backends.complete_config(kind, &ctx).await {
+                Ok(Some(completed)) => config = completed,
+                Ok(None) => {}
+                Err(e) => return Err((entry, e.to_string())),
+            }
+        }
+        if let Some(reason) = config::unsupported_settings(
+            &config,
+            matches!(kind, BackendKind::Wasm | BackendKind::Llm),
+        ) {
+            return Err((entry, reason));
+        }
+        for ignored in config::ignored_settings(&config) {
+            tracing::warn!(
+                model = name,
+                "'{ignored}' is accepted but not acted on by tessera"
+            );
+        }
+        if let Err(e) = config::validate(&config) {
+            return Err((entry, format!("invalid configuration: {e}")));
+        }
+        entry.config = Some(Arc::new(config));
+        Ok(entry)
     }
 
     /// Swaps a built model in: new requests go to it, requests holding the old version finish
@@ -1191,7 +1248,8 @@ fn discover(paths: &[PathBuf]) -> Result<BTreeMap<String, PathBuf>, String> {
 }
 
 /// Reads a model's configuration, hashes its files and decides its versions; no backend work
-/// yet. Blocks (reads files, and ONNX models for auto-complete).
+/// yet, so the configuration is checked only once the backend has completed it
+/// ([`Control::complete_config`]). Blocks (reads files).
 fn prepare(
     name: &str,
     source: &ModelSource,
@@ -1259,15 +1317,17 @@ fn prepare(
         // Triton's default model file names; the ones tessera cannot serve still name their
         // backend, so the model is refused as "backend 'dali' is not supported", not as a config
         // without a backend.
+        // A model.py speaks before the model.wasm `tessera build` made of it: its backend is
+        // "python", as in Triton.
         let by_file: [(&str, &str, &str); 8] = [
             ("model.onnx", "onnxruntime_onnx", ""),
+            ("model.py", "", "python"),
             ("model.wasm", "", "wasm"),
             ("model.plan", "tensorrt_plan", ""),
             ("model.pt", "pytorch_libtorch", ""),
             ("model.savedmodel", "tensorflow_savedmodel", ""),
             ("model.graphdef", "tensorflow_graphdef", ""),
             ("model.dali", "", "dali"),
-            ("model.py", "", "python"),
         ];
         if let Some((_, platform, backend)) = by_file.iter().find(|(f, _, _)| file(f)) {
             config.platform = (*platform).into();
@@ -1290,36 +1350,6 @@ fn prepare(
             entry,
             "--strict-model-config requires input and output in config.pbtxt (or start with --strict-model-config=false to derive them)".into(),
         );
-    }
-    if kind == BackendKind::Onnx
-        && !options.strict_model_config
-        && let Some(&latest) = selected.last()
-    {
-        let file = model_file(&config, &path.join(latest.to_string()), "model.onnx");
-        match backend::onnx::signature(&file) {
-            Ok(signature) => {
-                let filled = config::autocomplete(&mut config, &signature);
-                if !filled.is_empty() {
-                    tracing::info!(model = name, fields = ?filled, "auto-completed configuration from the model file");
-                }
-            }
-            Err(e) => return fail(entry, e.to_string()),
-        }
-    }
-    if let Some(reason) = config::unsupported_settings(
-        &config,
-        matches!(kind, BackendKind::Wasm | BackendKind::Llm),
-    ) {
-        return fail(entry, reason);
-    }
-    for ignored in config::ignored_settings(&config) {
-        tracing::warn!(
-            model = name,
-            "'{ignored}' is accepted but not acted on by tessera"
-        );
-    }
-    if let Err(e) = config::validate(&config) {
-        return fail(entry, format!("invalid configuration: {e}"));
     }
     entry.dependencies = dependencies(&config);
     entry.kind = Some(kind);

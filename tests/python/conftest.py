@@ -297,11 +297,13 @@ def add_rust_add_sub(repo: Path) -> None:
 
 
 def add_sub_inputs(module, a, b, model_name: str | None = None):
-    """INPUT0, INPUT1 (FP32 [4]) and, for the BLS models, MODEL_NAME, for tritonclient's
+    """INPUT0, INPUT1 (FP32 [4], or [n, 4]) and, for the BLS models, MODEL_NAME, for tritonclient's
     `module` (http or grpc)."""
     import numpy as np
 
-    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
+    shape = list(a.shape)  # [4], or [batch, 4] for a batching model
+    inputs = [module.InferInput("INPUT0", shape, "FP32"),
+              module.InferInput("INPUT1", shape, "FP32")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     if model_name is not None:

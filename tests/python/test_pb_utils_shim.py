@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import struct
 import sys
 import warnings
@@ -468,3 +469,47 @@ def test_an_output_takes_the_declared_datatype_when_no_value_changes():
         assert text.datatype == "BYTES"
     finally:
         pb_utils._declare_outputs({})
+
+
+def test_model_config_completes_as_tritons():
+    """pb_utils.ModelConfig, as auto_complete_config uses it: fills what the configuration
+    leaves open, raises ValueError on what contradicts it."""
+    import json
+
+    config = pb_utils.ModelConfig(json.dumps({"name": "m", "input": [], "output": [],
+                                              "max_batch_size": 0}))
+    config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [4]})
+    config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [4]})  # same: no-op
+    config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]})
+    config.set_max_batch_size(8)
+    config.set_dynamic_batching()
+    config.set_model_transaction_policy({"decoupled": True})
+    assert config.as_dict() == {
+        "name": "m", "max_batch_size": 8, "dynamic_batching": {},
+        "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
+        "model_transaction_policy": {"decoupled": True},
+    }
+    # A tensor the configuration names without type and dims gets them.
+    named = pb_utils.ModelConfig({"name": "m", "input": [{"name": "IN", "data_type":
+                                                          "TYPE_INVALID", "dims": []}]})
+    named.add_input({"name": "IN", "data_type": "TYPE_INT8", "dims": [2]})
+    assert named.as_dict()["input"] == [{"name": "IN", "data_type": "TYPE_INT8", "dims": [2]}]
+    refusals = [
+        (lambda c: c.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [4]}),
+         "configuration expects datatype TYPE_FP32 for input 'IN', model provides TYPE_INT32"),
+        (lambda c: c.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [5]}),
+         "the model expects dims [5] but the model configuration specifies dims [4]"),
+        (lambda c: c.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [1],
+                                "format": "FORMAT_NHWC"}), "contains property other than"),
+        (lambda c: c.add_input({"name": "X", "dims": [1]}), "missing 'data_type' property"),
+        (lambda c: c.set_max_batch_size(4), "configuration specified max_batch_size 8"),
+        (lambda c: c.set_model_transaction_policy({"decoupled": False}), "decoupled property"),
+        (lambda c: c.set_model_transaction_policy({"other": 1}), "other than 'decoupled'"),
+    ]
+    for attempt, message in refusals:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            attempt(config)
+    sequence = pb_utils.ModelConfig({"name": "m", "sequence_batching": {}})
+    with pytest.raises(ValueError, match="sequence_batching"):
+        sequence.set_dynamic_batching()

@@ -57,6 +57,10 @@ UPSTREAM = {
     "repository/custom_metrics/1/model.py": "961d115b7bd18876c0eaa9117b41fa4122643c8669d32292855d813f288d8015",
     "repository/custom_metrics/config.pbtxt": "b5ef232d7afd41b16f8699a4aa3f37c0a817651a57f3e1c9d8847cb9beea8af8",
     "clients/custom_metrics_client.py": "5287880bcbd2e0fd3a147923d78491308ad023a38b66e784767fc64c98d29da1",
+    # examples/auto_complete: models without config.pbtxt, completed by auto_complete_config.
+    "repository/nobatch_auto_complete/1/model.py": "aa7f4f6b7b3a6df1b2ba7c00c0f242eae759cca3aabd991a8c8fd5be540f3da4",
+    "repository/batch_auto_complete/1/model.py": "ee45461e087cf3ad4d2ae1070d1e27b8a25afdcf175de91490c33b670ed4e1d5",
+    "clients/auto_complete_client.py": "210ba85d9d01f49b44c493061d49c9ba30cb46b5ad2b812086aa355d9c9e658b",
 }
 
 # A Triton-style model.py that misbehaves on request: MODE picks how.
@@ -174,6 +178,47 @@ model_transaction_policy { decoupled: true }
 input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 '''
+# A model.py whose auto_complete_config misbehaves as its configuration's `mode` parameter says;
+# with mode "ok" it completes its configuration and serves.
+COMPLETION_PROBE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        settings = config.as_dict()
+        mode = settings["parameters"]["mode"]["string_value"]
+        if mode == "loop":
+            while True:
+                pass
+        if mode == "raise":
+            raise RuntimeError("refused on purpose")
+        if mode == "call":
+            request = pb_utils.InferenceRequest(
+                model_name="add_sub", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", np.zeros(4, dtype=np.float32))])
+            response = request.exec()
+            raise RuntimeError(response.error().message() if response.has_error() else "it called")
+        if mode == "escalate":
+            settings["instance_group"] = [{"count": 64, "kind": "KIND_CPU"}]
+        if mode == "none":
+            return None
+        config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [3]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [3]})
+        config.set_max_batch_size(2)
+        config.set_dynamic_batching()
+        return config
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            out = pb_utils.Tensor("OUT", (x * 2).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+'''
 PROBE_CONFIG = '''
 name: "sandbox_probe"
 backend: "python"
@@ -208,16 +253,22 @@ def python_server():
     for model in ("add_sub_py", "bls_py", "count_py"):
         shutil.copytree(REPO_ROOT / "examples" / "python" / model, repo / model,
                         ignore=shutil.ignore_patterns("model.wasm", "__pycache__"))
+    # Served by a server of its own (tests load it with configurations of their own).
+    completion = work / "completion"
+    (completion / "completion_probe" / "1").mkdir(parents=True)
+    (completion / "completion_probe" / "1" / "model.py").write_text(COMPLETION_PROBE)
     models = ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py",
               "count_py", "square_int32", "repeat_int32", "decoupled_probe", "bls_decoupled_sync",
-              "custom_metrics")
+              "custom_metrics", "nobatch_auto_complete", "batch_auto_complete")
+    folders = [repo / m for m in models] + [completion / "completion_probe"]
     # Two builds at a time: componentize-py works mostly on one core.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        builds = dict(zip(models, pool.map(lambda m: tessera_build(repo / m), models)))
-    for model, built in builds.items():
+        builds = dict(zip(folders, pool.map(tessera_build, folders)))
+    for folder, built in builds.items():
         assert built.returncode == 0, built.stderr
-        assert (repo / model / "1" / "model.wasm").is_file()
-        assert not (repo / model / "1" / "__pycache__").exists(), "the build left __pycache__"
+        assert (folder / "1" / "model.wasm").is_file()
+        assert not (folder / "1" / "__pycache__").exists(), "the build left __pycache__"
+    assert not (repo / "batch_auto_complete" / "config.pbtxt").exists()
     srv, proc, log = launch(binary(), ["--model-repository", str(repo)],
                             # Eleven Python models: the first compiles CPython (~16 s on 2 cores),
                             # the next reuse most of it (--wasm-function-cache-bytes).
@@ -226,9 +277,11 @@ def python_server():
     try:
         for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch",
                       "add_sub_py", "bls_py", "count_py", "square_int32", "repeat_int32",
-                      "decoupled_probe", "bls_decoupled_sync", "custom_metrics"):
+                      "decoupled_probe", "bls_decoupled_sync", "custom_metrics",
+                      "nobatch_auto_complete", "batch_auto_complete"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
+        srv.completion_repo = completion
         yield srv
         ok = True
     finally:
@@ -302,7 +355,9 @@ def test_bls_async_model_py_gathers_two_models(python_server):
                                            ("bls_decoupled_sync_client.py",
                                             "PASS: BLS Decoupled Sync"),
                                            # pb_utils.MetricFamily, read back from /metrics
-                                           ("custom_metrics_client.py", "PASS: custom_metrics")])
+                                           ("custom_metrics_client.py", "PASS: custom_metrics"),
+                                           # no config.pbtxt: auto_complete_config fills it in
+                                           ("auto_complete_client.py", "PASS: auto_complete")])
 def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
     # Triton's client, with only its server addresses changed (localhost:8000, :8001, :8002).
     source = (EXAMPLES / "clients" / script).read_text()
@@ -318,6 +373,80 @@ def test_tritons_own_clients_pass(python_server, script, passed, tmp_path):
     run = subprocess.run([sys.executable, str(patched)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert passed in run.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_auto_completed_models_serve_as_completed(python_server, protocol):
+    """Triton's auto_complete models have no config.pbtxt: their inputs, outputs and batching
+    come from auto_complete_config, and they serve by them (batch_auto_complete in batches)."""
+    a = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=np.float32)
+    b = np.array([[0.5, 0.5, 0.5, 0.5], [1, 1, 1, 1]], dtype=np.float32)
+    if protocol == "http":
+        module, client = httpclient, httpclient.InferenceServerClient(python_server.url)
+    else:
+        module = grpcclient
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{python_server.grpc_port}")
+    for model, x, y in [("batch_auto_complete", a, b), ("nobatch_auto_complete", a[0], b[0])]:
+        result = client.infer(model, add_sub_inputs(module, x, y))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + y)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x - y)
+    config = httpclient.InferenceServerClient(python_server.url).get_model_config(
+        "batch_auto_complete")
+    assert config["backend"] == "python"
+    assert config["max_batch_size"] == 4
+    assert "dynamic_batching" in config
+    # Over the completed batch size: refused as any other model's would be.
+    with pytest.raises(InferenceServerException) as e:
+        big = np.ones((5, 4), dtype=np.float32)
+        client.infer("batch_auto_complete", add_sub_inputs(module, big, big))
+    assert "batch" in e.value.message().lower()
+
+
+def test_a_misbehaving_auto_complete_config_fails_only_its_model(python_server):
+    """auto_complete_config runs in the sandbox, bounded like execute: a loop, an exception, a
+    call to another model, a contradiction of the configuration and a change to what it may
+    not set each fail the load with the reason; the server serves on, and the model loads once
+    its configuration lets it."""
+    srv, proc, log = launch(binary(), ["--model-repository", str(python_server.completion_repo),
+                                       "--model-control-mode", "explicit"])
+    try:
+        client = httpclient.InferenceServerClient(srv.url, network_timeout=120)
+
+        def load(mode: str, **extra) -> str:
+            config = {"backend": "python",
+                      "parameters": {"mode": {"string_value": mode},
+                                     "execute_deadline_ms": {"string_value": "1500"}}, **extra}
+            try:
+                client.load_model("completion_probe", config=json.dumps(config))
+            except InferenceServerException as e:
+                return e.message()
+            return "loaded"
+
+        contradicting = {"input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [3]}]}
+        for mode, extra, reason in [
+            ("loop", {}, "exceeded its deadline"),
+            ("raise", {}, "refused on purpose"),
+            ("call", {}, "models cannot be called from auto_complete_config"),
+            ("ok", contradicting, "configuration expects datatype TYPE_INT32 for input 'IN'"),
+            ("escalate", {}, "changed instance_group"),
+            ("none", {}, "must return the pb_utils.ModelConfig"),
+        ]:
+            message = load(mode, **extra)
+            assert reason in message, (mode, message)
+            assert "auto_complete_config" in message, (mode, message)
+            index = {m["name"]: m for m in client.get_model_repository_index()}
+            assert index["completion_probe"]["state"] == "UNAVAILABLE", mode
+        assert load("ok") == "loaded"
+        config = client.get_model_config("completion_probe")
+        assert [i["name"] for i in config["input"]] == ["IN"]
+        assert config["max_batch_size"] == 2
+        x = np.array([[1, 2, 3]], dtype=np.float32)
+        inp = httpclient.InferInput("IN", [1, 3], "FP32")
+        inp.set_data_from_numpy(x)
+        result = client.infer("completion_probe", [inp])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2)
+    finally:
+        stop(proc, log)
 
 
 def _probe(srv, mode: str):

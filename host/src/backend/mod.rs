@@ -91,6 +91,25 @@ pub trait Backend: Send + Sync + 'static {
     fn executes_on_gpu(&self) -> bool {
         false
     }
+
+    /// Triton's auto-complete: what the model itself says about its configuration (an ONNX
+    /// file's inputs and outputs, a handler's `auto_complete_config`), filled into `ctx.config`.
+    /// `None`: nothing to add. Called once per load, before any instance is made, unless the
+    /// server runs with `--strict-model-config`.
+    fn complete_config<'a>(
+        &'a self,
+        _ctx: &'a CompletionContext,
+    ) -> BoxFuture<'a, Result<Option<ModelConfig>, LoadError>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// What a backend completes a configuration from: the configuration as read and the folder of
+/// the latest version that loads (whose model file speaks for the model, as in Triton).
+pub struct CompletionContext {
+    pub name: String,
+    pub config: ModelConfig,
+    pub version_dir: PathBuf,
 }
 
 /// The backends a server offers, by kind, and the GPUs they may place instances on; owned by the
@@ -137,6 +156,19 @@ impl Backends {
             PlacementError::NoGpu(m) | PlacementError::Unsupported(m) => LoadError::Unsupported(m),
         })?;
         Ok(placed)
+    }
+
+    /// The configuration completed by the backend of `kind` ([`Backend::complete_config`]).
+    pub async fn complete_config(
+        &self,
+        kind: BackendKind,
+        ctx: &CompletionContext,
+    ) -> Result<Option<ModelConfig>, LoadError> {
+        match self.kinds.get(&kind) {
+            Some(backend) => backend.complete_config(ctx).await,
+            // Loading says that this server has no such backend.
+            None => Ok(None),
+        }
     }
 
     /// Creates the instances of a model version (its configuration placed by [`Backends::place`])

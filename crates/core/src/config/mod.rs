@@ -16,7 +16,7 @@ use crate::tensor::DataType;
 mod autocomplete;
 mod validate;
 
-pub use autocomplete::{ModelSignature, TensorSignature, autocomplete};
+pub use autocomplete::{ModelSignature, TensorSignature, autocomplete, merge_completion};
 pub use validate::validate;
 
 /// Types generated from `model_config.proto` (package `inference`, as in Triton).

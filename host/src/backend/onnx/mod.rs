@@ -24,7 +24,7 @@ use futures::FutureExt;
 use ort::session::Session;
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 
-use super::{Backend, Executed, LoadContext, LoadError, ModelInstance};
+use super::{Backend, CompletionContext, Executed, LoadContext, LoadError, ModelInstance};
 use crate::config::{ModelConfig, ModelSignature, TensorSignature, model_file, string_parameter};
 use crate::device::placement::InstanceSlot;
 use crate::infer::{BoxFuture, Call, InferError, InferRequest, InferResponse, InferResult};
@@ -160,7 +160,7 @@ fn datatype_of(ty: TensorElementType) -> Option<DataType> {
 }
 
 /// What the model file declares, for auto-completion.
-pub fn signature(path: &Path) -> Result<ModelSignature, LoadError> {
+fn signature(path: &Path) -> Result<ModelSignature, LoadError> {
     runtime()?;
     signature_of(&open_session(path, 1, 1)?)
 }
@@ -286,6 +286,29 @@ impl Backend for OnnxBackend {
 
     fn executes_on_gpu(&self) -> bool {
         runtime().is_ok() && gpu::cuda_available()
+    }
+
+    /// Inputs, outputs and batching from the model file, where the configuration leaves them out.
+    fn complete_config<'a>(
+        &'a self,
+        ctx: &'a CompletionContext,
+    ) -> BoxFuture<'a, Result<Option<ModelConfig>, LoadError>> {
+        let mut config = ctx.config.clone();
+        let file = model_file(&config, &ctx.version_dir, "model.onnx");
+        let name = ctx.name.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let signature = signature(&file)?;
+                let filled = crate::config::autocomplete(&mut config, &signature);
+                if filled.is_empty() {
+                    return Ok(None);
+                }
+                tracing::info!(model = name, fields = ?filled, "auto-completed configuration from the model file");
+                Ok(Some(config))
+            })
+            .await
+            .map_err(|e| LoadError::runtime(format!("reading the ONNX model failed: {e}")))?
+        })
     }
 }
 

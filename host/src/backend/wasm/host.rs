@@ -54,7 +54,7 @@ pub struct WasmModel {
 const LOG_CALL_OVERHEAD: usize = 64;
 
 /// The longest `initialize` error kept (it ends up in the repository index and the log).
-const MAX_INIT_ERROR_CHARS: usize = 4096;
+pub(super) const MAX_INIT_ERROR_CHARS: usize = 4096;
 
 impl WasmModel {
     /// A fresh store with the component instantiated from the `InstancePre`; no guest code has
@@ -175,7 +175,7 @@ pub(super) fn trap_cause(trap: &wasmtime::Error) -> String {
 }
 
 /// The first `max` characters of `text`, saying how much was cut.
-fn truncate_chars(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+pub(super) fn truncate_chars(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     match text.char_indices().nth(max) {
         None => text.into(),
         Some((cut, _)) => format!("{}… ({} more bytes)", &text[..cut], text.len() - cut).into(),

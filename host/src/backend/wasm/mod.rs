@@ -13,6 +13,7 @@
 //! path as HTTP.
 
 mod cache;
+mod completion;
 mod convert;
 pub mod custom_metrics;
 mod decoupled;
@@ -27,10 +28,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
+use sha2::Digest;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
-use super::{Backend, Executed, LoadContext, LoadError, ModelInstance};
+use super::{Backend, CompletionContext, Executed, LoadContext, LoadError, ModelInstance};
 use crate::config::model_file;
 use crate::infer::{BoxFuture, Call, CallContext, ErrorKind, InferError, InferResult, Inference};
 use crate::metrics::ExecutionTiming;
@@ -67,6 +69,9 @@ pub struct WasmRuntime {
     pub custom_metrics: Arc<custom_metrics::CustomMetrics>,
     instances: Arc<limits::InstanceTracker>,
     ticker: Arc<epoch::EpochTicker>,
+    /// The component last compiled to complete a configuration, by content hash: the load that
+    /// follows takes it instead of compiling again (there may be no compiled-code cache).
+    compiled_for_load: std::sync::Mutex<Option<([u8; 32], Component)>>,
 }
 
 impl WasmRuntime {
@@ -131,6 +136,7 @@ impl WasmRuntime {
             counters: Arc::default(),
             custom_metrics: Arc::default(),
             instances: Arc::default(),
+            compiled_for_load: std::sync::Mutex::default(),
         })
     }
 
@@ -156,6 +162,17 @@ impl WasmRuntime {
 
     /// Compiles a component, or loads it from the compiled-code cache.
     fn component(&self, bytes: &[u8], name: &str) -> Result<Component, LoadError> {
+        let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
+        let kept = self
+            .compiled_for_load
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some((kept_digest, component)) = kept
+            && kept_digest == digest
+        {
+            return Ok(component);
+        }
         cache::load_or_compile(
             &self.engine,
             self.cache_dir.as_deref(),
@@ -163,6 +180,17 @@ impl WasmRuntime {
             name,
             &self.counters.for_model(name),
         )
+    }
+
+    /// As [`WasmRuntime::component`], and kept for the load that follows.
+    fn component_kept_for_load(&self, bytes: &[u8], name: &str) -> Result<Component, LoadError> {
+        let component = self.component(bytes, name)?;
+        let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
+        *self
+            .compiled_for_load
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((digest, component.clone()));
+        Ok(component)
     }
 }
 
@@ -264,7 +292,7 @@ fn prepare(
         (HANDLER_EXPORT, "model")
     };
     let hint = if decoupled {
-        " (the config sets model_transaction_policy { decoupled: true })"
+        " (the configuration sets model_transaction_policy { decoupled: true }; where a model.py's auto_complete_config sets it, say it in config.pbtxt too, so that `tessera build` builds the decoupled world)"
     } else {
         ""
     };
@@ -368,6 +396,15 @@ impl Backend for WasmBackend {
             Ok(instances)
         })
     }
+
+    /// A handler that exports `config-completion` completes its configuration
+    /// (Triton's `auto_complete_config`).
+    fn complete_config<'a>(
+        &'a self,
+        ctx: &'a CompletionContext,
+    ) -> BoxFuture<'a, Result<Option<crate::config::ModelConfig>, LoadError>> {
+        Box::pin(completion::complete(&self.0, ctx))
+    }
 }
 
 /// A Wasm model version outside any server, for benchmarks and tools. Its `infer` calls fail
@@ -397,8 +434,9 @@ impl Standalone {
     }
 }
 
-/// The request path of a [`Standalone`] model: there is none.
-struct NoInference;
+/// The request path of a [`Standalone`] model, or of a handler completing its configuration:
+/// there is none, for the reason it holds.
+struct NoInference(&'static str);
 
 impl Inference for NoInference {
     fn infer<'a>(
@@ -408,7 +446,7 @@ impl Inference for NoInference {
         _version: Option<i64>,
         _request: crate::infer::InferRequest,
     ) -> BoxFuture<'a, InferResult> {
-        Box::pin(async { Err(InferError::unavailable("no server")) })
+        Box::pin(async move { Err(InferError::unavailable(self.0)) })
     }
 
     fn infer_stream<'a>(
@@ -418,7 +456,7 @@ impl Inference for NoInference {
         _version: Option<i64>,
         _request: crate::infer::InferRequest,
     ) -> BoxFuture<'a, Result<crate::stream::ResponseStream, InferError>> {
-        Box::pin(async { Err(InferError::unavailable("no server")) })
+        Box::pin(async move { Err(InferError::unavailable(self.0)) })
     }
 
     fn metadata(
@@ -427,7 +465,7 @@ impl Inference for NoInference {
         _model: &str,
         _version: Option<i64>,
     ) -> Result<crate::signature::ModelMetadata, InferError> {
-        Err(InferError::unavailable("no server"))
+        Err(InferError::unavailable(self.0))
     }
 }
 
