@@ -52,6 +52,7 @@ pub async fn complete(
     else {
         return Ok(None);
     };
+    let started = std::time::Instant::now();
     let completed = call(runtime, ctx, &component, &export).await?;
     let mut completed = crate::config::from_json(&completed).map_err(|e| {
         LoadError::invalid(format!(
@@ -69,6 +70,7 @@ pub async fn complete(
     }
     tracing::info!(
         model = ctx.name,
+        ms = started.elapsed().as_millis(),
         "configuration completed by the handler's auto_complete_config"
     );
     Ok(Some(merged))
