@@ -104,13 +104,23 @@ fn model_files(dir: &Path) -> anyhow::Result<Vec<(String, PathBuf)>> {
     Ok(files)
 }
 
-/// `tessera deploy DIR`: a model directory (with `config.pbtxt`), or a function's folder (with
+/// `tessera deploy DIR`: a model directory (with `config.pbtxt`, or a Triton model.py without
+/// one), or a function's folder (with
 /// `function.wasm` and an optional `function.toml`).
 pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Result<()> {
     if !dir.join("config.pbtxt").exists() && dir.join("function.wasm").exists() {
         return deploy_function(server, dir, name).await;
     }
-    let mut config = config::read(&dir.join("config.pbtxt"))?;
+    let mut config = if !dir.join("config.pbtxt").exists() && has_model_py(dir) {
+        // As in Triton, a model.py without a configuration is a Python backend model; its
+        // auto_complete_config completes the rest when the server loads it.
+        config::ModelConfig {
+            backend: "python".into(),
+            ..Default::default()
+        }
+    } else {
+        config::read(&dir.join("config.pbtxt"))?
+    };
     let name = match name {
         Some(n) => n.to_owned(),
         None if !config.name.is_empty() => config.name.clone(),
@@ -165,6 +175,19 @@ pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Res
         url(server, &format!("/v2/models/{name}/infer"))
     );
     Ok(())
+}
+
+/// Whether a version folder (`<n>/`) of the model directory holds a `model.py`.
+fn has_model_py(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+                && entry.path().join("model.py").is_file()
+        })
+    })
 }
 
 /// Deploys a function's folder.

@@ -531,6 +531,16 @@ def test_a_python_model_deploys_to_the_running_server(python_server, tmp_path):
     a = np.array([3, 1, 4, 1], dtype=np.float32)
     result = client.infer("add_sub_deployed", add_sub_inputs(httpclient, a, a))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros(4, dtype=np.float32))
+    # Triton's auto_complete layout, no config.pbtxt: its auto_complete_config completes it.
+    auto = tmp_path / "auto_deployed"
+    shutil.copytree(python_server.repo / "batch_auto_complete", auto)
+    run = subprocess.run([str(binary()), "deploy", str(auto), "--server", python_server.url],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert client.get_model_config("auto_deployed")["max_batch_size"] == 4
+    batch = np.ones((3, 4), dtype=np.float32)
+    result = client.infer("auto_deployed", add_sub_inputs(httpclient, batch, batch))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), batch * 2)
 
 
 @pytest.mark.parametrize("callee", ["pytorch", "add_sub_rust", "add_sub", "add_sub_py"])
