@@ -10,6 +10,12 @@ cache, and the memory a loaded instance takes. Not run in CI.
 
 It builds a scratch repository (examples/triton-python's add_sub, examples/js/add_sub_js and
 the Rust example handler at the same FP32 [4] contract), starts the server on free ports, and removes both at the end.
+
+With `--componentize-js PATH` (the CLI of `npm install @bytecodealliance/componentize-js`, 385 MB
+of node_modules, so neither in CI nor in `tessera build`), it also builds
+bench/spidermonkey/add_sub_sm, the same handler on SpiderMonkey (written against the WIT
+bindings directly: the Tessera JS SDK is packaged for componentize-qjs). Not its `--aot` build:
+that downloads weval from GitHub, which this machine cannot reach.
 """
 
 from __future__ import annotations
@@ -133,6 +139,20 @@ def footprint(binary: str, repo: Path, work: Path):
               flush=True)
 
 
+def build_spidermonkey(cli: str, repo: Path) -> None:
+    """add_sub on SpiderMonkey, added to MODELS."""
+    model = "add_sub_sm"
+    shutil.copytree(ROOT / "bench" / "spidermonkey" / model, repo / model,
+                    ignore=shutil.ignore_patterns("model.wasm"))
+    version = repo / model / "1"
+    t0 = time.perf_counter()
+    subprocess.run(["node", cli, str(version / "model.js"), "--wit", str(ROOT / "wit"),
+                    "--world-name", "model", "-d", "http", "fetch-event",
+                    "-o", str(version / "model.wasm")], check=True, stdout=subprocess.DEVNULL)
+    print(f"componentize-js {model}: {time.perf_counter() - t0:.1f} s", flush=True)
+    MODELS.insert(3, (model, "JavaScript (SpiderMonkey)"))
+
+
 def load(url: str, model: str, concurrency: int, seconds: float):
     latencies: list[float] = []
     lock = threading.Lock()
@@ -169,6 +189,7 @@ def main():
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--footprint-only", action="store_true",
                    help="only the size, load time and memory table")
+    p.add_argument("--componentize-js", help="componentize-js's cli.js: add SpiderMonkey rows")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tessera-bench-python-"))
     proc = None
@@ -187,6 +208,8 @@ def main():
         (repo / "add_sub_rust" / "config.pbtxt").write_text(RUST_CONFIG)
         shutil.copy(ROOT / "model_repository" / "add_sub_wasm" / "1" / "model.wasm",
                     repo / "add_sub_rust" / "1" / "model.wasm")
+        if args.componentize_js:
+            build_spidermonkey(args.componentize_js, repo)
         t0 = time.perf_counter()
         subprocess.run([args.bin, "build", str(repo / "add_sub"), "--componentize-py",
                         str(ROOT / ".venv" / "bin" / "componentize-py")], check=True,
