@@ -8,7 +8,8 @@ imported here, even those it imports inside a function (`wire.preimport_named_mo
 componentize-py makes a new `Handler` object per call, so the model lives in a module global.
 One module serves both worlds: `Handler` for a model, `DecoupledHandler` for a decoupled model
 (`model_transaction_policy { decoupled: true }`), whichever the component was built for, and
-`ConfigCompletion` when the model.py has an `auto_complete_config` (the `-completing` worlds).
+`ConfigCompletion` when the model.py has an `auto_complete_config` (the `completing-model`
+world, which exports both handlers: the completed configuration says which one serves).
 
 The sandbox has one thread. `threading.Thread.start` runs the thread's function at once, to its
 end (Triton's decoupled examples send their responses from a thread they start in `execute`);

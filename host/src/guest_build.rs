@@ -133,14 +133,14 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
     Ok(built)
 }
 
-/// The world a Python model is built for: a decoupled one or not, and one that exports
-/// `config-completion` when the model.py has an `auto_complete_config`.
+/// The world a Python model is built for: a decoupled one or not, or, when the model.py has an
+/// `auto_complete_config`, the one that exports `config-completion` and both handlers (whether
+/// the model is decoupled is known only once its configuration is completed).
 fn python_world(decoupled: bool, completes: bool) -> &'static str {
     match (decoupled, completes) {
-        (false, false) => "model",
+        (_, true) => "completing-model",
         (true, false) => "decoupled-model",
-        (false, true) => "model-completing",
-        (true, true) => "decoupled-model-completing",
+        (false, false) => "model",
     }
 }
 
@@ -568,5 +568,30 @@ mod tests {
         let h = hint("ModuleNotFoundError: No module named 'helpers'\n");
         assert!(h.contains("helpers.py"), "{h}");
         assert!(hint("some other failure").is_empty());
+    }
+
+    #[test]
+    fn a_model_that_completes_its_config_gets_the_completing_world() {
+        let scratch = tempfile::tempdir().expect("a scratch folder");
+        let version = scratch.path().join("1");
+        std::fs::create_dir_all(version.join("lib")).expect("folders");
+        std::fs::write(
+            version.join("model.py"),
+            "class TritonPythonModel:\n    pass\n",
+        )
+        .expect("written");
+        assert!(!completes(&version).expect("read"));
+        assert_eq!(python_world(false, false), "model");
+        assert_eq!(python_world(true, false), "decoupled-model");
+        // Inherited from a local module, in a subfolder: still found.
+        std::fs::write(
+            version.join("lib").join("base.py"),
+            "class Base:\n    @staticmethod\n    def auto_complete_config(c):\n        return c\n",
+        )
+        .expect("written");
+        assert!(completes(&version).expect("read"));
+        // Whether it is decoupled is known only once completed: one world exports both.
+        assert_eq!(python_world(false, true), "completing-model");
+        assert_eq!(python_world(true, true), "completing-model");
     }
 }

@@ -207,17 +207,30 @@ class TritonPythonModel:
             return None
         config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [3]})
         config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [3]})
+        if mode == "stream":  # decoupled: the same component streams
+            config.set_model_transaction_policy({"decoupled": True})
+            return config
         config.set_max_batch_size(2)
         config.set_dynamic_batching()
         return config
+
+    def initialize(self, args):
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(args["model_config"])
 
     def execute(self, requests):
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if self.decoupled:
+                sender = request.get_response_sender()
+                for factor in (2, 3):
+                    out = pb_utils.Tensor("OUT", (x * factor).astype(np.float32))
+                    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if factor == 3 else 0
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[out]), flags=flags)
+                continue
             out = pb_utils.Tensor("OUT", (x * 2).astype(np.float32))
             responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
-        return responses
+        return None if self.decoupled else responses
 '''
 PROBE_CONFIG = '''
 name: "sandbox_probe"
@@ -436,6 +449,21 @@ def test_a_misbehaving_auto_complete_config_fails_only_its_model(python_server):
             assert "auto_complete_config" in message, (mode, message)
             index = {m["name"]: m for m in client.get_model_repository_index()}
             assert index["completion_probe"]["state"] == "UNAVAILABLE", mode
+        # Decoupled by its auto_complete_config: the same component streams.
+        assert load("stream") == "loaded"
+        assert client.get_model_config("completion_probe")["model_transaction_policy"] == {
+            "decoupled": True}
+        streamed = queue.Queue()
+        stream = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        stream.start_stream(callback=lambda result, error: streamed.put((result, error)))
+        inp = grpcclient.InferInput("IN", [3], "FP32")
+        inp.set_data_from_numpy(np.array([1, 2, 3], dtype=np.float32))
+        stream.async_stream_infer("completion_probe", [inp])
+        for factor in (2, 3):
+            result, error = streamed.get(timeout=60)
+            assert error is None, error
+            np.testing.assert_array_equal(result.as_numpy("OUT"), np.array([1, 2, 3]) * factor)
+        stream.stop_stream()
         assert load("ok") == "loaded"
         config = client.get_model_config("completion_probe")
         assert [i["name"] for i in config["input"]] == ["IN"]

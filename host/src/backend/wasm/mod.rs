@@ -292,7 +292,7 @@ fn prepare(
         (HANDLER_EXPORT, "model")
     };
     let hint = if decoupled {
-        " (the configuration sets model_transaction_policy { decoupled: true }; where a model.py's auto_complete_config sets it, say it in config.pbtxt too, so that `tessera build` builds the decoupled world)"
+        " (the config sets model_transaction_policy { decoupled: true })"
     } else {
         ""
     };
