@@ -5,6 +5,7 @@
     python3 bench/report.py pipeline  SUMMARY.tsv [proto=http] [delay_us=2000]
     python3 bench/report.py batching  SUMMARY.tsv [proto=http] [delay_us=500]
     python3 bench/report.py transports SUMMARY.tsv [model=text_orientation]
+    python3 bench/report.py python_model SUMMARY.tsv [proto=http]
 
 Rows are grouped by (label, model, concurrency); with several repetitions the median of each
 column is shown. "~" = perf_analyzer could not stabilise in at least one repetition (3 windows
@@ -198,6 +199,23 @@ def batching(data, opts):
               f"{'-' if d is None else f'{d:+,.0f}'} | {f2(ratio(b, u, 'cpu_us'))} |")
 
 
+def python_model(data, opts):
+    series = [("tessera", "add_sub", ["tessera", "Wasm sandbox, Tessera's pb_utils"]),
+              ("triton", "add_sub", ["Triton 2.51", "Python backend (stub process)"])]
+    rows_table(data, series, ["server", "runs the model.py in"],
+               f"### Triton's add_sub model.py, unchanged, {opts.get('proto', 'http')}")
+    print("### Ratios tessera / Triton")
+    print()
+    print("| conc | infer/s | p50 | p99 | CPU µs/inf |")
+    print("|---:|---:|---:|---:|---:|")
+    for c in concs(data):
+        a, b = data.get(("tessera", "add_sub", c)), data.get(("triton", "add_sub", c))
+        if a is None or b is None:
+            continue
+        print(f"| {c} | {f2(ratio(a, b, 'ips'))} | {f2(ratio(a, b, 'p50'))} | "
+              f"{f2(ratio(a, b, 'p99'))} | {f2(ratio(a, b, 'cpu_us'))} |")
+
+
 TRANSPORTS = [("http", "HTTP, binary tensors"), ("http-shm", "HTTP + system shared memory"),
               ("grpc", "gRPC, raw contents"), ("grpc-shm", "gRPC + system shared memory")]
 
@@ -220,7 +238,8 @@ def transports(data, opts):
 
 
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("add_sub", "pipeline", "batching", "transports"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("add_sub", "pipeline", "batching", "transports",
+                                                 "python_model"):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     opts = dict(a.split("=", 1) for a in sys.argv[3:])
@@ -229,7 +248,7 @@ def main():
         print("no successful measurement in " + sys.argv[2])
         sys.exit(1)
     {"add_sub": add_sub, "pipeline": pipeline, "batching": batching,
-     "transports": transports}[sys.argv[1]](data, opts)
+     "transports": transports, "python_model": python_model}[sys.argv[1]](data, opts)
 
 
 if __name__ == "__main__":
