@@ -162,14 +162,15 @@ impl WasmRuntime {
 
     /// Compiles a component, or loads it from the compiled-code cache.
     fn component(&self, bytes: &[u8], name: &str) -> Result<Component, LoadError> {
-        let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
         let kept = self
             .compiled_for_load
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
+        // Hashed only when a component is kept: a load without a completion before it pays
+        // nothing.
         if let Some((kept_digest, component)) = kept
-            && kept_digest == digest
+            && kept_digest == content_digest(bytes)
         {
             return Ok(component);
         }
@@ -185,13 +186,17 @@ impl WasmRuntime {
     /// As [`WasmRuntime::component`], and kept for the load that follows.
     fn component_kept_for_load(&self, bytes: &[u8], name: &str) -> Result<Component, LoadError> {
         let component = self.component(bytes, name)?;
-        let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
         *self
             .compiled_for_load
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((digest, component.clone()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((content_digest(bytes), component.clone()));
         Ok(component)
     }
+}
+
+fn content_digest(bytes: &[u8]) -> [u8; 32] {
+    sha2::Sha256::digest(bytes).into()
 }
 
 /// The likely fix for a component that does not compile or link here, from wasmtime's reason:
