@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import struct
 
 # Marks the stand-in, for code that must tell it from real numpy.
@@ -334,9 +335,18 @@ class ndarray:
     __array_priority__ = 100
 
     def __init__(self, shape, dtype=float64, buffer=None):
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = as_dtype(dtype)
-        self._data = list(buffer) if buffer is not None else [self.dtype(0)] * _size(self.shape)
+        shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        d = as_dtype(dtype)
+        if buffer is None:
+            data = [None if d.kind == "O" else d(0)] * _size(shape)
+        elif isinstance(buffer, (bytes, bytearray, memoryview)):
+            need = _size(shape) * d.itemsize
+            if len(buffer) < need:
+                raise TypeError("buffer is too small for requested array")
+            data = ndarray.frombuffer(bytes(buffer[:need]), d, shape)._data
+        else:  # numpy reads a buffer's bytes, never a sequence's values
+            raise TypeError(f"a bytes-like object is required, not '{type(buffer).__name__}'")
+        self.shape, self.dtype, self._data = shape, d, data
 
     # --- construction from and to the wire --------------------------------------------------
     @classmethod
@@ -545,23 +555,44 @@ class ndarray:
             return [_wrap_int(fn(int(a), int(b), "i"), d) for a, b in zip(left, right)]
         return op
 
+    def _float_op(self, o, fn):
+        """`fn` elementwise when `o` is an array of this float datatype and shape (the common
+        case: no promotion or broadcasting), else None. Python computes in float64 and the
+        result is rounded once to the datatype: exact for +, - and * of float32 or float16
+        (float64 has more than twice their precision bits), as numpy's own float32 math."""
+        if type(o) is not ndarray or o.dtype is not self.dtype or o.shape != self.shape:
+            return None
+        if self.dtype.kind != "f":
+            return None
+        return ndarray._of(_round_floats(list(map(fn, self._data, o._data)), self.dtype),
+                           self.shape, self.dtype)
+
     def __add__(self, o):
-        return self._finish(self._binary(o, ndarray._arith(lambda a, b, k: a + b)))
+        fast = self._float_op(o, operator.add)
+        if fast is not None:
+            return fast
+        return self._finish(self._binary(o, _ADD))
 
     __radd__ = __add__
 
     def __sub__(self, o):
         if self.dtype is bool_ and (getattr(o, "dtype", None) is bool_ or isinstance(o, bool)):
             raise TypeError("numpy boolean subtract, the `-` operator, is not supported")
-        return self._finish(self._binary(o, ndarray._arith(lambda a, b, k: a - b)))
+        fast = self._float_op(o, operator.sub)
+        if fast is not None:
+            return fast
+        return self._finish(self._binary(o, _SUB))
 
     def __rsub__(self, o):
         if self.dtype is bool_ and isinstance(o, bool):
             raise TypeError("numpy boolean subtract, the `-` operator, is not supported")
-        return self._finish(self._binary(o, ndarray._arith(lambda a, b, k: a - b), True))
+        return self._finish(self._binary(o, _SUB, True))
 
     def __mul__(self, o):
-        return self._finish(self._binary(o, ndarray._arith(lambda a, b, k: a * b)))
+        fast = self._float_op(o, operator.mul)
+        if fast is not None:
+            return fast
+        return self._finish(self._binary(o, _MUL))
 
     __rmul__ = __mul__
 
@@ -724,6 +755,12 @@ class ndarray:
         key = lambda g: (lambda i: (g[i] != g[i], g[i] if g[i] == g[i] else 0))  # noqa: E731
         data = [i for g in groups for i in sorted(range(len(g)), key=key(g))]
         return ndarray._of(data, self.shape, int64)
+
+
+# The elementwise operations, made once (not at every call).
+_ADD = ndarray._arith(lambda a, b, k: a + b)
+_SUB = ndarray._arith(lambda a, b, k: a - b)
+_MUL = ndarray._arith(lambda a, b, k: a * b)
 
 
 def _nan_or(fn):

@@ -25,6 +25,7 @@ import traceback
 
 import tessera_wire as wire
 import triton_python_backend_utils as pb_utils
+from componentize_py_types import Ok
 from wit_world import exports
 from wit_world.imports import types
 
@@ -185,7 +186,6 @@ if hasattr(exports, "ConfigCompletion"):  # built for a model.py with auto_compl
 
 
 def _to_wit(response, request: "wire.WireRequest"):
-    from componentize_py_types import Ok
     if not isinstance(response, pb_utils.InferenceResponse):
         return wire.Err(wire.error_to_wit(
             "internal", f"execute returned a {type(response).__name__} "

@@ -98,6 +98,45 @@ def test_arithmetic_promotes_wraps_and_rounds_as_numpy(left, right):
         same(expected, op(oa, ob), f"{left} {symbol} {right}")
 
 
+@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
+def test_same_type_float_arithmetic_at_the_edges(name):
+    """Arrays of one float type and shape take a shorter path: overflow to infinity, NaN,
+    signed zeros and subnormals come out as numpy's."""
+    info = np.finfo(name)
+    edges = [float(info.max), -float(info.max), float(info.tiny), float(info.smallest_subnormal),
+             math.inf, -math.inf, math.nan, 0.0, -0.0, 1.0, 1.0 + float(info.eps)]
+    left = [a for a in edges for _ in edges]
+    right = edges * len(edges)
+    real_a, real_b = np.array(left, dtype=name), np.array(right, dtype=name)
+    ours_a, ours_b = tnp.array(left, dtype=name), tnp.array(right, dtype=name)
+    for symbol in ("+", "-", "*"):
+        expected, error = run(OPS[symbol], real_a, real_b)
+        assert error is None
+        got = OPS[symbol](ours_a, ours_b)
+        same(expected, got, f"{name} {symbol}")
+        # Signed zeros too (tobytes tells -0.0 from 0.0).
+        assert got.tobytes() == expected.tobytes() or _nan_equal(expected, got), symbol
+
+
+def test_the_array_constructor_reads_a_buffer_as_numpy():
+    raw = struct.pack("<3f", 1.5, -2.0, 3.25)
+    same(np.ndarray((3,), dtype=np.float32, buffer=raw),
+         tnp.ndarray((3,), dtype=tnp.float32, buffer=raw), "ndarray(buffer=bytes)")
+    same(np.ndarray((2, 2), dtype=np.int8, buffer=bytearray(b"\x01\xff\x02\x80")),
+         tnp.ndarray((2, 2), dtype=tnp.int8, buffer=bytearray(b"\x01\xff\x02\x80")),
+         "ndarray(buffer=bytearray)")
+    assert tnp.ndarray(4, dtype=tnp.int32).shape == (4,)
+    with pytest.raises(TypeError):
+        np.ndarray((2,), dtype=np.float32, buffer=[1.0, 2.0])
+    with pytest.raises(TypeError):
+        tnp.ndarray((2,), dtype=tnp.float32, buffer=[1.0, 2.0])
+    for module in (np, tnp):  # too small: refused; longer: its first bytes are read
+        with pytest.raises(TypeError):
+            module.ndarray((3,), dtype=module.float32, buffer=b"\x00" * 8)
+    same(np.ndarray((1,), dtype=np.int16, buffer=b"\x01\x02\x03"),
+         tnp.ndarray((1,), dtype=tnp.int16, buffer=b"\x01\x02\x03"), "a longer buffer")
+
+
 @pytest.mark.parametrize("name", NUMERIC)
 @pytest.mark.parametrize("scalar", [3, -2, 2.5, True])
 def test_python_scalars_follow_nep_50(name, scalar):
