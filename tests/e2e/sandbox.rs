@@ -117,6 +117,49 @@ async fn looping_guest_hits_its_deadline() {
     misbehaves(&start().await, "guest_loop", 503, "deadline").await;
 }
 
+/// The looping fixture with a fuel budget (and a deadline too long to be what stops it).
+fn fuel_budgeted_loop() -> std::path::PathBuf {
+    let repo = crate::harness::temp_dir("fuel-repo");
+    let from = fixtures_repo().join("guest_loop");
+    let to = repo.join("guest_fuel");
+    std::fs::create_dir_all(to.join("1")).expect("model dir");
+    std::fs::copy(from.join("1/model.wasm"), to.join("1/model.wasm")).expect("component");
+    let config = std::fs::read_to_string(from.join("config.pbtxt"))
+        .expect("config")
+        .replace("name: \"guest_loop\"", "name: \"guest_fuel\"")
+        .replace("string_value: \"500\"", "string_value: \"60000\"");
+    std::fs::write(
+        to.join("config.pbtxt"),
+        config
+            + "parameters {\n  key: \"fuel_per_execute\"\n  value { string_value: \"50000000\" }\n}\n",
+    )
+    .expect("config written");
+    repo
+}
+
+#[tokio::test]
+async fn a_fuel_budget_stops_a_loop_where_the_server_meters_fuel() {
+    let repo = fuel_budgeted_loop();
+    let s = TestServer::start(
+        &[fixtures_repo(), repo.clone()],
+        &["--wasm-fuel"],
+        &shared_cache(),
+    )
+    .await;
+    misbehaves(&s, "guest_fuel", 500, "ran out of fuel").await;
+    assert!(s.metrics().await.contains("tessera_wasm_fuel_kills_total"));
+    drop(s);
+    // Without --wasm-fuel the budget cannot be kept: the model is refused, saying why, and the
+    // rest of the repository serves.
+    let s = TestServer::start(&[fixtures_repo(), repo], &[], &shared_cache()).await;
+    let state = s.state_lookup().await;
+    let (_, status, reason) = state("guest_fuel");
+    assert_eq!(status, "UNAVAILABLE", "{reason}");
+    assert!(reason.contains("--wasm-fuel"), "{reason}");
+    assert_eq!(state("guest_loop").1, "READY");
+    assert_eq!(s.infer("identity_echo", x(1.0)).await.0, 200);
+}
+
 #[tokio::test]
 async fn memory_hog_hits_its_cap() {
     misbehaves(&start().await, "guest_memory_hog", 500, "memory limit").await;

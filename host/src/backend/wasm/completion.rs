@@ -83,8 +83,8 @@ async fn call(
     component: &wasmtime::component::Component,
     export: &str,
 ) -> Result<String, LoadError> {
-    let limits =
-        Limits::from_config(&ctx.config, runtime.max_memory_bytes).map_err(LoadError::invalid)?;
+    let limits = Limits::from_config(&ctx.config, runtime.max_memory_bytes, runtime.fuel_metered)
+        .map_err(LoadError::invalid)?;
     // Alive for the call: the guest's `infer` finds it and is told why it cannot call.
     let no_calls: Arc<dyn Inference> = Arc::new(NoInference(NO_CALLS));
     let shown = crate::namespace::shown(&ctx.name);
@@ -108,8 +108,8 @@ async fn call(
     // clock, fuel the instructions.
     store.epoch_deadline_async_yield_and_update(1);
     store.set_epoch_deadline(1);
-    store
-        .set_fuel(limits.fuel_per_execute)
+    limits
+        .refuel(&mut store)
         .map_err(|e| LoadError::runtime(format!("{e:#}")))?;
     store.data_mut().begin_execution(
         vec![ctx.name.clone()],

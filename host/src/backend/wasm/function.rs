@@ -133,7 +133,7 @@ impl WasmRuntime {
         &self,
         name: &str,
         bytes: &[u8],
-        limits: FunctionLimits,
+        mut limits: FunctionLimits,
         env: Vec<(String, String)>,
         allowed_hosts: Vec<String>,
         inference: Weak<dyn Inference>,
@@ -147,6 +147,8 @@ impl WasmRuntime {
                 limits.sandbox.max_memory_bytes, self.max_memory_bytes
             )));
         }
+        // A function has no fuel budget of its own; a metering server's stores need fuel.
+        limits.sandbox.fuel_per_execute = self.fuel_metered.then_some(u64::MAX);
         let counter_key = format!("function/{name}");
         let component: Component = super::cache::load_or_compile(
             &self.engine,
@@ -281,8 +283,8 @@ impl WasmFunction {
         // Each epoch tick yields, so the time limit can fire while the guest computes.
         store.epoch_deadline_async_yield_and_update(1);
         store.set_epoch_deadline(1);
-        store
-            .set_fuel(limits.fuel_per_execute)
+        limits
+            .refuel(&mut store)
             .map_err(|e| self.failed(format!("{e:#}")))?;
         store.data_mut().begin_execution(
             vec![crate::namespace::Caller::function_entry(&self.name)],

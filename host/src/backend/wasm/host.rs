@@ -67,9 +67,7 @@ impl WasmModel {
         // looping guest never holds a worker thread for longer than a tick.
         store.epoch_deadline_async_yield_and_update(1);
         store.set_epoch_deadline(1);
-        store
-            .set_fuel(self.limits.fuel_per_execute)
-            .map_err(|e| e.to_string())?;
+        self.limits.refuel(&mut store).map_err(|e| e.to_string())?;
         let running = store.data().guest_running();
         let instantiated = match &self.pre {
             Pre::Unary(pre) => pre.instantiate_async(&mut store).await.map(Bindings::Unary),
@@ -144,7 +142,7 @@ impl WasmModel {
                 ErrorKind::Internal,
                 format!(
                     "handler '{name}' ran out of fuel ({} per execute) and was stopped",
-                    self.limits.fuel_per_execute
+                    self.limits.fuel_per_execute.unwrap_or(u64::MAX)
                 ),
             );
         }

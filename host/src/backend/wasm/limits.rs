@@ -5,7 +5,7 @@
 //! |-----------------------|-------|-----------|-----|
 //! | `max_memory_bytes`    | bytes | 256 MiB   | a guest's linear memory; past it, growth fails and the guest traps. Bounds what one tenant takes from the machine. At most `--wasm-max-memory-bytes` (4 GiB). |
 //! | `execute_deadline_ms` | ms    | 10 000    | wall-clock time of one `execute` (or `initialize`), BLS calls included. A looping guest is interrupted at the next epoch tick (`--epoch-tick-ms`, 5 ms) and its instance replaced. |
-//! | `fuel_per_execute`    | fuel  | unlimited | wasmtime fuel (about one unit per instruction) per `execute`: a deterministic CPU budget, independent of machine load. |
+//! | `fuel_per_execute`    | fuel  | unlimited | wasmtime fuel (about one unit per instruction) per `execute`: a deterministic CPU budget, independent of machine load. Only on a server started with `--wasm-fuel` (metering slows every guest); refused at load otherwise. |
 //! | `max_output_bytes`    | bytes | 64 MiB    | total output tensor bytes of one response; a larger response fails that request only. |
 //! | `max_table_elements`  | count | 100 000   | elements of one table (function pointers); stops table-growth abuse. |
 //! | `max_instances`       | count | 64        | core instances inside one component instance. |
@@ -27,7 +27,9 @@ use crate::config::{ModelConfig, string_parameter};
 pub struct Limits {
     pub max_memory_bytes: usize,
     pub execute_deadline: Duration,
-    pub fuel_per_execute: u64,
+    /// Fuel per call: None where the server does not meter fuel (no `--wasm-fuel`), else the
+    /// budget (`u64::MAX`: unlimited).
+    pub fuel_per_execute: Option<u64>,
     pub max_output_bytes: usize,
     pub max_table_elements: usize,
     pub max_instances: usize,
@@ -41,7 +43,7 @@ impl Default for Limits {
         Limits {
             max_memory_bytes: 256 << 20,
             execute_deadline: Duration::from_secs(10),
-            fuel_per_execute: u64::MAX,
+            fuel_per_execute: None,
             max_output_bytes: 64 << 20,
             max_table_elements: 100_000,
             max_instances: 64,
@@ -53,9 +55,17 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The limits `config` sets; `max_memory_cap` is the server's `--wasm-max-memory-bytes`.
-    pub fn from_config(config: &ModelConfig, max_memory_cap: u64) -> Result<Limits, String> {
-        let mut limits = Limits::default();
+    /// The limits `config` sets; `max_memory_cap` is the server's `--wasm-max-memory-bytes`,
+    /// `fuel_metered` its `--wasm-fuel`.
+    pub fn from_config(
+        config: &ModelConfig,
+        max_memory_cap: u64,
+        fuel_metered: bool,
+    ) -> Result<Limits, String> {
+        let mut limits = Limits {
+            fuel_per_execute: fuel_metered.then_some(u64::MAX),
+            ..Limits::default()
+        };
         let number = |key: &str| -> Result<Option<u64>, String> {
             string_parameter(config, key)
                 .map(|v| {
@@ -82,7 +92,14 @@ impl Limits {
             limits.execute_deadline = Duration::from_millis(n);
         }
         if let Some(n) = number("fuel_per_execute")? {
-            limits.fuel_per_execute = n;
+            if !fuel_metered {
+                return Err(format!(
+                    "parameter fuel_per_execute {n} needs a server that meters fuel: start it \
+                     with --wasm-fuel (off by default, as metering slows every guest), or bound \
+                     the handler's time with execute_deadline_ms"
+                ));
+            }
+            limits.fuel_per_execute = Some(n);
         }
         if let Some(n) = number("max_output_bytes")? {
             limits.max_output_bytes = size(n);
@@ -103,6 +120,14 @@ impl Limits {
             limits.max_host_resources = size(n);
         }
         Ok(limits)
+    }
+
+    /// Fills a store's fuel for one call, where the server meters fuel.
+    pub fn refuel<T>(&self, store: &mut wasmtime::Store<T>) -> wasmtime::Result<()> {
+        match self.fuel_per_execute {
+            Some(fuel) => store.set_fuel(fuel),
+            None => Ok(()),
+        }
     }
 }
 
@@ -331,10 +356,29 @@ mod tests {
             "c",
         )
         .expect("parses");
-        let limits = Limits::from_config(&config, 4 << 30).expect("valid");
+        let limits = Limits::from_config(&config, 4 << 30, false).expect("valid");
         assert_eq!(limits.max_memory_bytes, 1 << 20);
         assert_eq!(limits.execute_deadline, Duration::from_millis(250));
-        assert_eq!(limits.fuel_per_execute, u64::MAX);
+        assert_eq!(limits.fuel_per_execute, None, "not metered");
+        let metered = Limits::from_config(&config, 4 << 30, true).expect("valid");
+        assert_eq!(
+            metered.fuel_per_execute,
+            Some(u64::MAX),
+            "metered, unlimited"
+        );
+    }
+
+    #[test]
+    fn a_fuel_budget_needs_a_metering_server() {
+        let config = parse(
+            r#"parameters { key: "fuel_per_execute" value { string_value: "5000" } }"#,
+            "c",
+        )
+        .expect("parses");
+        let e = Limits::from_config(&config, 4 << 30, false).expect_err("refused");
+        assert!(e.contains("--wasm-fuel"), "{e}");
+        let limits = Limits::from_config(&config, 4 << 30, true).expect("valid");
+        assert_eq!(limits.fuel_per_execute, Some(5000));
     }
 
     #[test]
@@ -354,7 +398,7 @@ mod tests {
             "c",
         )
         .expect("parses");
-        let e = Limits::from_config(&config, 4 << 30).expect_err("invalid");
+        let e = Limits::from_config(&config, 4 << 30, true).expect_err("invalid");
         assert!(e.contains("fuel_per_execute"), "{e}");
     }
 }

@@ -60,6 +60,8 @@ pub struct WasmRuntime {
     engine: Engine,
     /// The largest `max_memory_bytes` a handler may be given (`--wasm-max-memory-bytes`).
     max_memory_bytes: u64,
+    /// `--wasm-fuel`: guests are compiled to meter fuel, so models may set `fuel_per_execute`.
+    fuel_metered: bool,
     linker: Linker<HostState>,
     /// The function world: WASI, `wasi:http`, and Tessera's `inference`, `log` and `metrics`.
     function_linker: Linker<HostState>,
@@ -84,7 +86,14 @@ impl WasmRuntime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
-        config.consume_fuel(true);
+        // Fuel metering slows every guest by a tenth (docs/benchmarks.md); the epoch deadline
+        // already stops a runaway one, so fuel is for servers that ask for it.
+        config.consume_fuel(limits.wasm_fuel);
+        // `perf record` then names guest functions (from /tmp/perf-<pid>.map): how a handler's
+        // author sees where its time goes. Off unless asked for.
+        if std::env::var("TESSERA_WASM_PROFILER").as_deref() == Ok("perfmap") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let max_memory = usize::try_from(limits.wasm_max_memory_bytes)?;
         // A memory needs no more reservation than it may grow to.
         config.memory_reservation(limits.wasm_max_memory_bytes);
@@ -130,6 +139,7 @@ impl WasmRuntime {
             ticker,
             engine,
             max_memory_bytes: limits.wasm_max_memory_bytes,
+            fuel_metered: limits.wasm_fuel,
             linker,
             function_linker,
             cache_dir,
@@ -274,8 +284,8 @@ fn prepare(
     inference: std::sync::Weak<dyn Inference>,
     files: Option<std::path::PathBuf>,
 ) -> Result<Arc<WasmModel>, LoadError> {
-    let limits =
-        Limits::from_config(config, runtime.max_memory_bytes).map_err(LoadError::invalid)?;
+    let limits = Limits::from_config(config, runtime.max_memory_bytes, runtime.fuel_metered)
+        .map_err(LoadError::invalid)?;
     let bytes = std::fs::read(component_path).map_err(|e| {
         LoadError::invalid(format!(
             "cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)",
@@ -613,7 +623,7 @@ impl WasmInstance {
         );
         let limits = &self.pre.limits;
         live.store.set_epoch_deadline(1);
-        if let Err(e) = live.store.set_fuel(limits.fuel_per_execute) {
+        if let Err(e) = limits.refuel(&mut live.store) {
             return fail_all(
                 InferError::internal(e.to_string()),
                 ExecutionTiming::default(),
@@ -792,7 +802,7 @@ impl WasmInstance {
             tracing::Span::none(),
         );
         live.store.set_epoch_deadline(1);
-        if live.store.set_fuel(limits.fuel_per_execute).is_err() {
+        if limits.refuel(&mut live.store).is_err() {
             self.live = Some(live);
             return None;
         }
@@ -867,10 +877,13 @@ impl Drop for WasmInstance {
         match (self.live.take(), tokio::runtime::Handle::try_current()) {
             (Some(mut live), Ok(handle)) => {
                 let deadline = self.pre.limits.execute_deadline;
+                let limits_metered = self.pre.limits.fuel_per_execute.is_some();
                 let (name, version) = (self.pre.name.clone(), self.pre.version);
                 handle.spawn(async move {
                     live.store.set_epoch_deadline(1);
-                    let _ = live.store.set_fuel(u64::MAX);
+                    if limits_metered {
+                        let _ = live.store.set_fuel(u64::MAX);
+                    }
                     let call = live.bindings.finalize(&mut live.store);
                     let _ = tokio::time::timeout(deadline, call).await;
                     live.store.data_mut().flush_output(&name, version);
