@@ -16,7 +16,7 @@
 //! | `--epoch-tick-ms` / `TESSERA_EPOCH_TICK_MS` | ms | 5 | how often a running Wasm guest is interrupted to check its deadline and yield the thread: the granularity of `execute_deadline_ms`. Shorter costs more interrupts. |
 //! | `--wasm-pool-instances` / `TESSERA_WASM_POOL_INSTANCES` | instances | 1 000 | Wasm instances alive at once, all models together (the pooling allocator's slots; each handler instance takes one). |
 //! | `--wasm-function-cache-bytes` / `TESSERA_WASM_FUNCTION_CACHE_BYTES` | bytes | 256 MiB | compiled functions kept in memory (Cranelift's incremental cache): a component whose functions were compiled before, in any component, compiles from them. Every Python handler carries the same CPython, so the second one compiles about 3× faster (7.8 s, then 2.4-3.0 s in a release build on 2 cores); one such component fills about 41 MB. 0 turns it off. |
-//! | `--wasm-fuel` / `TESSERA_WASM_FUEL` | on/off | off | meters wasmtime fuel in every guest, so a model may set `fuel_per_execute` (a deterministic CPU budget); without it such a model is refused at load. Metering costs every guest call 10-13 % of its time (measured on Python and JavaScript handlers, docs/benchmarks.md), while `execute_deadline_ms` (epoch interruption, near free) already stops a runaway guest. |
+//! | `--wasm-fuel` / `TESSERA_WASM_FUEL` | on/off | off | meters wasmtime fuel in every guest, so a model may set `fuel_per_execute` (a deterministic CPU budget); without it such a model is refused at load. Metering costs every guest call 13-23 % of its time (measured on a Python handler, docs/benchmarks.md), while `execute_deadline_ms` (epoch interruption, near free) already stops a runaway guest. |
 //! | `--wasm-max-memory-bytes` / `TESSERA_WASM_MAX_MEMORY_BYTES` | bytes | 4 GiB | the largest `max_memory_bytes` a handler may be given. The pool reserves address space (not memory) for it in every memory slot (two per instance slot), so the reservation is about 2 × instances × this; lower both under `ulimit -v` or in containers that cap address space. |
 
 use std::time::Duration;
@@ -81,7 +81,7 @@ pub struct ServerLimits {
     #[arg(long, env = "TESSERA_WASM_FUNCTION_CACHE_BYTES", default_value_t = 256 << 20)]
     pub wasm_function_cache_bytes: usize,
     /// Meter wasmtime fuel in every guest, so models may set fuel_per_execute (costs every guest
-    /// call about a tenth of its speed).
+    /// call 13-23 % of its speed).
     #[arg(long, env = "TESSERA_WASM_FUEL", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub wasm_fuel: bool,
 }

@@ -86,7 +86,7 @@ impl WasmRuntime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
-        // Fuel metering slows every guest by a tenth (docs/benchmarks.md); the epoch deadline
+        // Fuel metering slows every guest by 13-23 % (docs/benchmarks.md); the epoch deadline
         // already stops a runaway one, so fuel is for servers that ask for it.
         config.consume_fuel(limits.wasm_fuel);
         // `perf record` then names guest functions (from /tmp/perf-<pid>.map): how a handler's
