@@ -32,7 +32,7 @@ import time
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from stream_load import TICK, pct, tree_cpu_seconds
+from stream_load import pct, tree_cpu_seconds
 
 
 def prompt_ids(n: int, salt: int) -> list[int]:
@@ -150,7 +150,7 @@ def level(args, streams: int, run, prompts) -> dict:
         long_window.extend([start, time.perf_counter()])
 
     cpu0 = tree_cpu_seconds(args.pid)
-    outside0 = threads_cpu_ticks(args.pid)
+    outside0 = threads_cpu_ns(args.pid)
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(streams)]
     if args.long_prompt:
@@ -161,8 +161,8 @@ def level(args, streams: int, run, prompts) -> dict:
         t.join()
     wall = time.perf_counter() - t0
     cpu = tree_cpu_seconds(args.pid) - cpu0
-    outside1 = threads_cpu_ticks(args.pid)
-    outside = (sum(t - outside0.get(tid, 0) for tid, t in outside1.items()) / TICK
+    outside1 = threads_cpu_ns(args.pid)
+    outside = (sum(t - outside0.get(tid, 0) for tid, t in outside1.items()) / 1e9
                if outside0 is not None and outside1 is not None else float("nan"))
     ttft, itl, itl_during_long = [], [], []
     tokens = 0
@@ -186,25 +186,26 @@ def level(args, streams: int, run, prompts) -> dict:
     }
 
 
-def threads_cpu_ticks(pid: int) -> dict[int, int] | None:
-    """CPU ticks of the server's live threads outside the engine: everything but the engine
-    thread (named `llm-<model>`) and the workers llama.cpp starts from it and joins after each
-    step (they are gone when read; their time is only in the process total). What is left is
-    the serving path: front-ends, batcher, Wasm handlers, tokio."""
-    ticks, engine_seen = {}, False
+def threads_cpu_ns(pid: int) -> dict[int, int] | None:
+    """CPU time (ns, from schedstat: exact, where clock ticks would charge whole 10 ms ticks to
+    whichever thread a tick lands on) of the server's live threads outside the engine: everything
+    but the engine thread (named `llm-<model>`) and the workers llama.cpp starts from it (they
+    inherit its name). What is left is the serving path: front-ends, batcher, Wasm handlers,
+    tokio."""
+    times, engine_seen = {}, False
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                on_cpu_ns = int(f.read().split()[0])
         except OSError:
             continue
         if name.startswith("llm-"):
             engine_seen = True
         else:
-            ticks[int(tid)] = int(fields[11]) + int(fields[12])
-    return ticks if engine_seen else None  # not tessera's engine (Triton): no split
+            times[int(tid)] = on_cpu_ns
+    return times if engine_seen else None  # not tessera's engine (Triton): no split
 
 
 def bare_row(label: str) -> None:
