@@ -117,8 +117,9 @@ impl ModelVersion {
     /// Runs one request through this version's queue. Warmup requests are not counted.
     pub async fn infer(&self, cx: CallContext, request: InferRequest) -> InferResult {
         // An LLM engine answers a request that does not stream with one response, decoupled
-        // or not, so TensorRT-LLM's unary clients work against its streaming configuration.
-        if self.decoupled() && self.kind != BackendKind::Llm {
+        // or not, so TensorRT-LLM's unary clients work against its streaming configuration;
+        // so does an ensemble around one (it refuses a run that sends more).
+        if self.decoupled() && !matches!(self.kind, BackendKind::Llm | BackendKind::Ensemble) {
             return Err(InferError::new(
                 crate::infer::ErrorKind::Unsupported,
                 format!(

@@ -919,7 +919,10 @@ impl Control<'_> {
         }
         if let Some(reason) = config::unsupported_settings(
             &config,
-            matches!(kind, BackendKind::Wasm | BackendKind::Llm),
+            matches!(
+                kind,
+                BackendKind::Wasm | BackendKind::Llm | BackendKind::Ensemble
+            ),
         ) {
             return Err((entry, reason));
         }
@@ -1480,6 +1483,29 @@ fn executors(
 }
 
 impl Repository {
+    /// An ensemble with a decoupled step is decoupled itself (as in Triton, whose TensorRT-LLM
+    /// `ensemble` streams without saying so): it answers a stream with one response per
+    /// response of that step, and its configuration says so.
+    fn with_inherited_decoupling(
+        &self,
+        name: &str,
+        kind: BackendKind,
+        mut config: ModelConfig,
+    ) -> ModelConfig {
+        let decoupled = config
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled);
+        if kind == BackendKind::Ensemble
+            && !decoupled
+            && let Some(inference) = self.inference.upgrade()
+            && crate::backend::ensemble::has_decoupled_step(name, &config, inference.as_ref())
+        {
+            config.model_transaction_policy = Some(pb::ModelTransactionPolicy { decoupled: true });
+        }
+        config
+    }
+
     /// Loads each selected version of a prepared model; a version whose configuration and files
     /// equal those of a READY version in `reuse` (the live entry) is carried over as it is.
     async fn load_versions(
@@ -1495,7 +1521,7 @@ impl Repository {
         // Where the instances go depends on this server's GPUs; the placed configuration is the
         // one the model serves with and reports.
         let config = match self.backends.place(kind, &config) {
-            Ok(placed) => Arc::new(placed),
+            Ok(placed) => Arc::new(self.with_inherited_decoupling(name, kind, placed)),
             Err(e) => {
                 tracing::error!(model = name, "UNAVAILABLE: {e}");
                 for status in entry.versions.values_mut() {

@@ -366,19 +366,38 @@ ensemble_scheduling { step [ { model_name: "repeat_int32" model_version: -1
 """
 
 
-def test_an_ensemble_over_a_decoupled_model_is_refused_at_load(request, tmp_path):
+def test_an_ensemble_over_a_decoupled_model_streams_its_responses(request, tmp_path):
+    """An ensemble whose step is decoupled is decoupled itself, as in Triton (its configuration
+    does not say so): a stream gets every response of the step, in order, then the final flag;
+    a unary call gets the one response of a run that sends one, and a clear refusal otherwise."""
     shutil.copytree(REPO_ROOT / "model_repository" / "repeat_int32", tmp_path / "repeat_int32")
     (tmp_path / "repeat_ensemble" / "1").mkdir(parents=True)
     (tmp_path / "repeat_ensemble" / "config.pbtxt").write_text(ENSEMBLE_OVER_REPEAT)
     failed_before = request.session.testsfailed
-    srv, proc, log = launch(binary(), ["--model-repository", str(tmp_path),
-                                       "--strict-readiness", "false"])
+    srv, proc, log = launch(binary(), ["--model-repository", str(tmp_path)])
     try:
-        status, _, body = srv.request("POST", "/v2/repository/index", b"{}")
-        rows = {row["name"]: row for row in json.loads(body)}
-        assert rows["repeat_int32"]["state"] == "READY"
-        assert rows["repeat_ensemble"]["state"] == "UNAVAILABLE"
-        assert "decoupled" in rows["repeat_ensemble"]["reason"], rows["repeat_ensemble"]
+        status, _, body = srv.request("GET", "/v2/models/repeat_ensemble/config")
+        assert status == 200 and json.loads(body)["model_transaction_policy"]["decoupled"] is True
+        stream = Stream(srv)
+        try:
+            values = list(range(100, 106))
+            stream.client.async_stream_infer("repeat_ensemble", repeat_inputs(values, [5] * 6, 0),
+                                             request_id="r1", enable_empty_final_response=True)
+            got = [stream.get() for _ in range(len(values) + 1)]
+            assert all(error is None for _, error in got), got
+            assert [r.as_numpy("OUT").tolist() for r, _ in got[:-1]] == [[v] for v in values]
+            assert [final_flag(r) for r, _ in got] == [False] * len(values) + [True]
+            assert {r.get_response().id for r, _ in got} == {"r1"}
+        finally:
+            stream.close()
+        client = grpcclient.InferenceServerClient(url=f"{srv.host}:{srv.grpc_port}")
+        try:
+            assert client.infer("repeat_ensemble", repeat_inputs([7], [0], 0)).as_numpy("OUT").tolist() == [7]
+            with pytest.raises(InferenceServerException) as e:
+                client.infer("repeat_ensemble", repeat_inputs([1, 2], [0, 0], 0))
+            assert "stream of responses" in e.value.message(), e.value.message()
+        finally:
+            client.close()
     finally:
         stop(proc, log, keep=request.session.testsfailed > failed_before)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from openai import BadRequestError, NotFoundError, OpenAI
 from tokenizers import Tokenizer
 
 from conftest import MODEL_REPOSITORY, metric, wait_for
-from test_llm import PROMPTS, parallel, reference
+from test_llm import PROMPTS, llm_metric, parallel, reference
 
 TOKENIZER = MODEL_REPOSITORY / "tensorrt_llm" / "1" / "tokenizer.json"
 BLS = "tensorrt_llm_bls"
@@ -71,6 +72,91 @@ def test_the_ensemble_answers_llama_cpps_greedy_text(server, tokenizer):
                             {"text_input": prompt, "max_tokens": 24})
         assert status == 200, body
         assert body["text_output"] == greedy_text(tokenizer, prompt, 24), prompt
+
+
+def test_the_ensemble_streams_as_tensorrt_llms_does(server):
+    """The ensemble's engine step is decoupled, so the ensemble is (as in Triton, with no line
+    of its configuration saying so): TensorRT-LLM's quick-start call, generate_stream with
+    `stream` true, gets the text piece by piece, each engine response through postprocessing,
+    and the pieces concatenate to the one-response text byte for byte."""
+    conn = http.client.HTTPConnection(server.host, server.http_port, timeout=30)
+    conn.request("GET", "/v2/models/ensemble/config")
+    config = json.loads(conn.getresponse().read())
+    conn.close()
+    assert config["model_transaction_policy"]["decoupled"] is True
+    for prompt in PROMPTS:
+        status, whole = post(server, "/v2/models/ensemble/generate",
+                             {"text_input": prompt, "max_tokens": 40})
+        assert status == 200, whole
+        events = [json.loads(e) for e in sse(server, "/v2/models/ensemble/generate_stream",
+                                             {"text_input": prompt, "max_tokens": 40, "stream": True})]
+        pieces = [e["text_output"] for e in events]
+        assert len(pieces) > 1 and all(e["model_name"] == "ensemble" for e in events)
+        # The engine cuts responses at character boundaries: only a generation that stops at
+        # max_tokens inside a character ends with a replacement character, as its unary text does.
+        assert all("\ufffd" not in p for p in pieces[:-1]), pieces
+        assert "".join(pieces) == whole["text_output"], prompt
+    # Asking a unary call for a stream is refused, not answered with its first piece.
+    status, body = post(server, "/v2/models/ensemble/generate",
+                        {"text_input": PROMPTS[0], "max_tokens": 8, "stream": True})
+    assert status == 400 and "generate_stream" in body["error"], body
+
+
+def ensemble_inputs(prompt: str, max_tokens: int, stream: bool) -> list[grpcclient.InferInput]:
+    inputs = [grpcclient.InferInput("text_input", [1, 1], "BYTES"),
+              grpcclient.InferInput("max_tokens", [1, 1], "INT32"),
+              grpcclient.InferInput("stream", [1, 1], "BOOL")]
+    inputs[0].set_data_from_numpy(np.array([[prompt.encode()]], dtype=object))
+    inputs[1].set_data_from_numpy(np.array([[max_tokens]], dtype=np.int32))
+    inputs[2].set_data_from_numpy(np.array([[stream]]))
+    return inputs
+
+
+def test_the_ensemble_streams_over_grpc_to_the_end_of_a_generation(server):
+    """tritonclient's stream against the ensemble, as TensorRT-LLM's end-to-end client calls it:
+    a generation that stops on the model's end token ends with a response of no tokens, which
+    goes through postprocessing too (as an empty piece) before the final flag."""
+    client = grpcclient.InferenceServerClient(url=f"{server.host}:{server.grpc_port}")
+    prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    try:
+        whole = client.infer("ensemble", ensemble_inputs(prompt, 300, False))
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("ensemble", ensemble_inputs(prompt, 300, True),
+                                  enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = answers.get(timeout=120)
+            assert error is None, error
+            text = result.as_numpy("text_output")
+            if text is not None:
+                pieces.append(b"".join(text.reshape(-1)).decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    finally:
+        client.close()
+    text = b"".join(whole.as_numpy("text_output").reshape(-1)).decode()
+    assert len(pieces) > 1 and "".join(pieces) == text
+    # It stopped on the end token, well before 300 tokens.
+    assert 0 < len(text) < 1000
+
+
+def test_a_client_leaving_an_ensemble_stream_frees_the_engine_slot(server):
+    """Closing a generate_stream connection mid-generation drops the ensemble's stream, which
+    drops its engine stream: the sequence leaves the engine within a step."""
+    cancelled_before = llm_metric(server, "tessera_llm_requests_cancelled_total")
+    for _ in range(3):
+        conn = http.client.HTTPConnection(server.host, server.http_port, timeout=120)
+        conn.request("POST", "/v2/models/ensemble/generate_stream",
+                     json.dumps({"text_input": PROMPTS[0], "max_tokens": 1000, "stream": True}))
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data: ")
+        wait_for(lambda: llm_metric(server, "tessera_llm_sequences_running") >= 1)
+        conn.close()
+    wait_for(lambda: llm_metric(server, "tessera_llm_sequences_running") == 0)
+    assert llm_metric(server, "tessera_llm_requests_cancelled_total") - cancelled_before == 3
 
 
 def test_the_chat_template_is_the_models_own_rendered_by_jinja(server, tokenizer):

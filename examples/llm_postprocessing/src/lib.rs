@@ -30,7 +30,11 @@ impl Model for Postprocessing {
         // [batch, beams, tokens] with the batch dimension, [beams, tokens] without.
         let width = usize::try_from(*shape.last().unwrap_or(&0)).unwrap_or(0);
         let ids = tokens.as_i32()?;
-        let rows = ids.len().checked_div(width).unwrap_or(0);
+        // From the shape, not the data: a stream's last response may hold no tokens.
+        let rows = shape[..shape.len().saturating_sub(1)]
+            .iter()
+            .map(|&d| usize::try_from(d).unwrap_or(0))
+            .product::<usize>();
         let lengths = match request.get_input("SEQUENCE_LENGTH") {
             Some(t) => t.as_i32()?.into_owned(),
             None => vec![width as i32; rows],

@@ -8,6 +8,15 @@
 //! The plan is checked at load time: every step's model must be loaded, every mapped name must
 //! be an input or output of that model, every tensor read must be produced exactly once, the
 //! datatypes must agree, and the steps must not form a cycle.
+//!
+//! **Streaming.** An ensemble with a decoupled step (an LLM engine, a decoupled handler) is
+//! decoupled itself, as in Triton: called through a stream (gRPC `ModelStreamInfer`,
+//! `generate_stream`, a handler's `infer-stream`) it runs the steps before the decoupled one
+//! once, then, for each response the decoupled step sends, the steps that read what it produced
+//! (TensorRT-LLM's `postprocessing`), and sends the ensemble's outputs as one response, in
+//! order. The caller going away drops the decoupled step's stream, which cancels its request.
+//! A unary call gets the one response such a run produces (more than one is an error).
+//! One decoupled step per ensemble: two would multiply each other's responses.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
@@ -23,6 +32,7 @@ use crate::infer::{
     RequestedOutput,
 };
 use crate::metrics::ExecutionTiming;
+use crate::stream::ResponseSender;
 use crate::tensor::{DataType, Tensor};
 
 /// One step, resolved.
@@ -42,6 +52,13 @@ struct Plan {
     name: String,
     steps: Vec<Step>,
     outputs: Vec<String>,
+    /// Ensemble inputs a request may leave out: a step reading an absent one runs without it.
+    optional_inputs: HashSet<String>,
+    /// The decoupled step, whose every response runs the steps after it.
+    stream_step: Option<usize>,
+    /// Per step: whether it reads, directly or through other steps, what `stream_step`
+    /// produces, and so runs once per response of it.
+    per_response: Vec<bool>,
 }
 
 /// Checks the ensemble against the loaded models and builds its plan.
@@ -65,6 +82,7 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         produced.insert(input.name.clone(), (dt, "the ensemble's inputs".into()));
     }
     let mut steps = Vec::new();
+    let mut stream_step = None;
     for (i, step) in scheduling.step.iter().enumerate() {
         let label = format!("step {} ('{}')", i + 1, step.model_name);
         if step.model_name == name {
@@ -76,11 +94,15 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         let target = inference
             .metadata(&cx, &step.model_name, version)
             .map_err(|e| LoadError::invalid(format!("{label}: {}", e.message)))?;
-        // An LLM engine is decoupled but answers a request that does not stream once.
-        if target.decoupled && target.platform != "llamacpp" {
-            return Err(LoadError::unsupported(format!(
-                "{label} is a decoupled model: an ensemble's steps answer once (call it from a handler with infer-stream instead)"
-            )));
+        if target.decoupled {
+            if let Some(first) = stream_step {
+                let first: &Step = &steps[first];
+                return Err(LoadError::unsupported(format!(
+                    "{label} and step '{}' are both decoupled: an ensemble streams through one decoupled step",
+                    first.model
+                )));
+            }
+            stream_step = Some(steps.len());
         }
         let mut inputs = Vec::new();
         for (model_input, tensor) in &step.input_map {
@@ -158,10 +180,66 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         }
     }
     check_acyclic(&steps, config)?;
+    let per_response = downstream_of(&steps, stream_step);
     Ok(Plan {
         name: name.to_owned(),
+        per_response,
         steps,
         outputs: config.output.iter().map(|o| o.name.clone()).collect(),
+        optional_inputs: config
+            .input
+            .iter()
+            .filter(|i| i.optional)
+            .map(|i| i.name.clone())
+            .collect(),
+        stream_step,
+    })
+}
+
+/// Per step, whether it reads what `source` produces, directly or through other steps.
+fn downstream_of(steps: &[Step], source: Option<usize>) -> Vec<bool> {
+    let mut downstream = vec![false; steps.len()];
+    let Some(source) = source else {
+        return downstream;
+    };
+    let mut tainted: HashSet<&str> = steps[source]
+        .outputs
+        .iter()
+        .map(|(_, t)| t.as_str())
+        .collect();
+    loop {
+        let mut grew = false;
+        for (i, step) in steps.iter().enumerate() {
+            if i != source
+                && !downstream[i]
+                && step
+                    .inputs
+                    .iter()
+                    .any(|(_, t)| tainted.contains(t.as_str()))
+            {
+                downstream[i] = true;
+                grew = true;
+                tainted.extend(step.outputs.iter().map(|(_, t)| t.as_str()));
+            }
+        }
+        if !grew {
+            return downstream;
+        }
+    }
+}
+
+/// Whether an ensemble answers with a stream: one of its steps does (Triton makes such an
+/// ensemble decoupled whatever its configuration says). Steps that are not loaded count as not
+/// decoupled; loading the ensemble then says what is missing.
+pub fn has_decoupled_step(name: &str, config: &ModelConfig, inference: &dyn Inference) -> bool {
+    let cx = CallContext::root().call_from(name);
+    config::ensemble_scheduling(config).is_some_and(|s| {
+        s.step.iter().any(|step| {
+            let version = (step.model_version > 0).then_some(step.model_version);
+            inference
+                .metadata(&cx, &step.model_name, version)
+                .is_ok_and(|m| m.decoupled)
+        })
     })
 }
 
@@ -234,9 +312,22 @@ impl ModelInstance for EnsembleInstance {
     fn execute(&mut self, batch: Vec<Call>) -> BoxFuture<'_, Executed> {
         async move {
             let started = Instant::now();
-            let runs = batch
-                .into_iter()
-                .map(|c| run(&self.plan, &self.inference, c.cx, c.request));
+            let (plan, weak) = (&*self.plan, &self.inference);
+            let runs = batch.into_iter().map(|c| async move {
+                let Some(inference) = weak.upgrade() else {
+                    return Err(InferError::unavailable("the server is shutting down"));
+                };
+                match c.stream {
+                    // Its responses went through the stream; an error ends it.
+                    Some(sender) => run_streaming(plan, inference, c.cx, c.request, &sender)
+                        .await
+                        .map(|()| InferResponse::default()),
+                    None if plan.stream_step.is_some() => {
+                        run_once_streamed(plan, inference, c.cx, c.request).await
+                    }
+                    None => run(plan, inference, c.cx, c.request).await,
+                }
+            });
             let results = futures::future::join_all(runs).await;
             Executed {
                 results,
@@ -250,31 +341,51 @@ impl ModelInstance for EnsembleInstance {
     }
 }
 
-/// Runs one request through the DAG.
-async fn run(
-    plan: &Plan,
-    inference: &Weak<dyn Inference>,
+/// What the steps of one request share: where they come from and how they are asked.
+struct Run<'a> {
+    plan: &'a Plan,
+    inference: Arc<dyn Inference>,
+    /// The steps' calls: from the ensemble, in the caller's chain.
     cx: CallContext,
+    /// The request's id, parameters, priority and timeout, which every step request carries.
     request: InferRequest,
-) -> InferResult {
-    let inference = inference
-        .upgrade()
-        .ok_or_else(|| InferError::unavailable("the server is shutting down"))?;
-    let step_cx = cx.call_from(&plan.name);
-    let mut tensors: HashMap<String, Tensor> = request
-        .inputs
-        .into_iter()
-        .map(|t| (t.name.clone(), t))
-        .collect();
-    let mut started = vec![false; plan.steps.len()];
-    let mut running = FuturesUnordered::new();
-    loop {
-        for (i, step) in plan.steps.iter().enumerate() {
-            if started[i] || !step.inputs.iter().all(|(_, t)| tensors.contains_key(t)) {
-                continue;
-            }
-            started[i] = true;
-            let inputs = step
+    /// Optional ensemble inputs the request left out.
+    absent: HashSet<String>,
+}
+
+impl<'a> Run<'a> {
+    /// The request's inputs by name, and the run that reads them.
+    fn start(
+        plan: &'a Plan,
+        inference: Arc<dyn Inference>,
+        cx: CallContext,
+        mut request: InferRequest,
+    ) -> (Run<'a>, HashMap<String, Tensor>) {
+        let tensors: HashMap<String, Tensor> = std::mem::take(&mut request.inputs)
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        let absent = plan
+            .optional_inputs
+            .iter()
+            .filter(|name| !tensors.contains_key(*name))
+            .cloned()
+            .collect();
+        let run = Run {
+            cx: cx.call_from(&plan.name),
+            plan,
+            inference,
+            request,
+            absent,
+        };
+        (run, tensors)
+    }
+
+    /// A step's request from the tensors there are (an absent optional input is left out).
+    fn step_request(&self, step: &Step, tensors: &HashMap<String, Tensor>) -> InferRequest {
+        InferRequest {
+            id: self.request.id.clone(),
+            inputs: step
                 .inputs
                 .iter()
                 .filter_map(|(model_input, t)| {
@@ -283,44 +394,75 @@ async fn run(
                         ..tensor.clone()
                     })
                 })
-                .collect();
-            let step_request = InferRequest {
-                id: request.id.clone(),
-                inputs,
-                outputs: step
-                    .outputs
-                    .iter()
-                    .map(|(o, _)| RequestedOutput {
-                        name: o.clone(),
-                        ..Default::default()
-                    })
-                    .collect(),
-                parameters: request.parameters.clone(),
-                priority: request.priority,
-                timeout: request.timeout,
-            };
-            let inference = inference.clone();
-            let step_cx = step_cx.clone();
-            running.push(async move {
-                (
-                    i,
-                    inference
-                        .infer(step_cx, &step.model, step.version, step_request)
-                        .await,
-                )
-            });
+                .collect(),
+            outputs: step
+                .outputs
+                .iter()
+                .map(|(o, _)| RequestedOutput {
+                    name: o.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            parameters: self.request.parameters.clone(),
+            priority: self.request.priority,
+            timeout: self.request.timeout,
         }
-        let Some((i, result)) = running.next().await else {
-            break;
-        };
-        let step = &plan.steps[i];
-        let response = result.map_err(|e| {
-            e.context(format!(
-                "ensemble '{}' step '{}' failed",
-                crate::namespace::shown(&plan.name),
-                step.model
-            ))
-        })?;
+    }
+
+    fn step_failed(&self, step: &Step, e: InferError) -> InferError {
+        e.context(format!(
+            "ensemble '{}' step '{}' failed",
+            crate::namespace::shown(&self.plan.name),
+            step.model
+        ))
+    }
+
+    /// Runs the steps `include` selects, each as soon as what it reads exists, adding what
+    /// they produce to `tensors`.
+    async fn steps(
+        &self,
+        tensors: &mut HashMap<String, Tensor>,
+        include: impl Fn(usize) -> bool,
+    ) -> Result<(), InferError> {
+        let mut started = vec![false; self.plan.steps.len()];
+        let mut running = FuturesUnordered::new();
+        loop {
+            for (i, step) in self.plan.steps.iter().enumerate() {
+                let ready = step
+                    .inputs
+                    .iter()
+                    .all(|(_, t)| tensors.contains_key(t) || self.absent.contains(t));
+                if started[i] || !include(i) || !ready {
+                    continue;
+                }
+                started[i] = true;
+                let request = self.step_request(step, tensors);
+                let (inference, cx) = (self.inference.clone(), self.cx.clone());
+                running.push(async move {
+                    (
+                        i,
+                        inference
+                            .infer(cx, &step.model, step.version, request)
+                            .await,
+                    )
+                });
+            }
+            let Some((i, result)) = running.next().await else {
+                return Ok(());
+            };
+            let step = &self.plan.steps[i];
+            let response = result.map_err(|e| self.step_failed(step, e))?;
+            self.keep_outputs(step, response, tensors);
+        }
+    }
+
+    /// Adds a step's outputs to `tensors` under their ensemble names.
+    fn keep_outputs(
+        &self,
+        step: &Step,
+        response: InferResponse,
+        tensors: &mut HashMap<String, Tensor>,
+    ) {
         for mut tensor in response.outputs {
             if let Some((_, name)) = step.outputs.iter().find(|(o, _)| *o == tensor.name) {
                 tensor.name.clone_from(name);
@@ -328,22 +470,138 @@ async fn run(
             }
         }
     }
-    let outputs = plan
-        .outputs
-        .iter()
-        .map(|name| {
-            tensors.remove(name).ok_or_else(|| {
-                InferError::internal(format!(
-                    "ensemble '{}' did not produce '{name}'",
-                    crate::namespace::shown(&plan.name)
-                ))
+
+    /// The ensemble's outputs, taken from `tensors`.
+    fn response(&self, mut tensors: HashMap<String, Tensor>) -> InferResult {
+        let outputs = self
+            .plan
+            .outputs
+            .iter()
+            .map(|name| {
+                tensors.remove(name).ok_or_else(|| {
+                    InferError::internal(format!(
+                        "ensemble '{}' did not produce '{name}'",
+                        crate::namespace::shown(&self.plan.name)
+                    ))
+                })
             })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(InferResponse {
+            outputs,
+            ..Default::default()
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(InferResponse {
-        outputs,
-        ..Default::default()
-    })
+    }
+}
+
+/// Runs one request through the DAG.
+async fn run(
+    plan: &Plan,
+    inference: Arc<dyn Inference>,
+    cx: CallContext,
+    request: InferRequest,
+) -> InferResult {
+    let (run, mut tensors) = Run::start(plan, inference, cx, request);
+    run.steps(&mut tensors, |_| true).await?;
+    run.response(tensors)
+}
+
+/// Runs one request of a streaming ensemble, sending each of its responses through `sender`:
+/// the steps before the decoupled one once, the steps after it once per response of it.
+async fn run_streaming(
+    plan: &Plan,
+    inference: Arc<dyn Inference>,
+    cx: CallContext,
+    request: InferRequest,
+    sender: &ResponseSender,
+) -> Result<(), InferError> {
+    let Some(source) = plan.stream_step else {
+        // Decoupled by configuration only: one response.
+        let response = run(plan, inference, cx, request).await?;
+        let _ = sender.send(Some(Ok(response)), true).await;
+        return Ok(());
+    };
+    let (run, mut tensors) = Run::start(plan, inference, cx, request);
+    run.steps(&mut tensors, |i| i != source && !plan.per_response[i])
+        .await?;
+    let step = &plan.steps[source];
+    let mut upstream = run
+        .inference
+        .infer_stream(
+            run.cx.clone(),
+            &step.model,
+            step.version,
+            run.step_request(step, &tensors),
+        )
+        .await
+        .map_err(|e| run.step_failed(step, e))?;
+    loop {
+        // A caller that has gone drops `upstream`, which cancels the decoupled step's request.
+        let message = tokio::select! {
+            message = upstream.next() => message,
+            () = sender.cancelled() => return Ok(()),
+        };
+        let Some(message) = message else {
+            return Ok(());
+        };
+        let response = match message.result {
+            None => None,
+            Some(Err(e)) => return Err(run.step_failed(step, e)),
+            Some(Ok(response)) => {
+                let mut these = tensors.clone();
+                run.keep_outputs(step, response, &mut these);
+                run.steps(&mut these, |i| plan.per_response[i]).await?;
+                Some(run.response(these))
+            }
+        };
+        if sender.send(response, message.last).await.is_err() || message.last {
+            return Ok(());
+        }
+    }
+}
+
+/// A unary call to a streaming ensemble: the one response its run sends (an LLM engine asked
+/// not to stream answers once). A run that sends more is refused, as Triton refuses a unary
+/// call to a decoupled model.
+async fn run_once_streamed(
+    plan: &Plan,
+    inference: Arc<dyn Inference>,
+    cx: CallContext,
+    request: InferRequest,
+) -> InferResult {
+    let (sender, mut stream) = crate::stream::channel();
+    let running = async move { run_streaming(plan, inference, cx, request, &sender).await };
+    let reading = async move {
+        let mut answer = None;
+        while let Some(message) = stream.next().await {
+            match message.result {
+                Some(Ok(_)) if answer.is_some() => {
+                    // Dropping the stream (returning) stops the run.
+                    return Err(InferError::new(
+                        crate::infer::ErrorKind::Unsupported,
+                        format!(
+                            "ensemble '{}' answers this request with a stream of responses: send it with gRPC ModelStreamInfer or POST .../generate_stream",
+                            crate::namespace::shown(&plan.name)
+                        ),
+                    ));
+                }
+                Some(Ok(response)) => answer = Some(response),
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+            if message.last {
+                break;
+            }
+        }
+        answer.ok_or_else(|| {
+            InferError::internal(format!(
+                "ensemble '{}' sent no response",
+                crate::namespace::shown(&plan.name)
+            ))
+        })
+    };
+    let (ran, answer) = futures::join!(running, reading);
+    ran?;
+    answer
 }
 
 #[cfg(test)]
@@ -405,9 +663,39 @@ mod tests {
             version: Option<i64>,
             request: InferRequest,
         ) -> BoxFuture<'a, Result<crate::stream::ResponseStream, InferError>> {
+            if model != "count" {
+                return Box::pin(async move {
+                    let result = self.infer(cx, model, version, request).await;
+                    Ok(crate::stream::ResponseStream::single(result))
+                });
+            }
+            // The decoupled one: X + 10, X + 20, X + 30, then a final message without outputs.
+            self.calls
+                .lock()
+                .expect("calls")
+                .push((model.to_owned(), cx.call_chain.clone()));
             Box::pin(async move {
-                let result = self.infer(cx, model, version, request).await;
-                Ok(crate::stream::ResponseStream::single(result))
+                let x = request
+                    .inputs
+                    .iter()
+                    .find(|t| t.name == "X")
+                    .and_then(Tensor::as_f32_vec)
+                    .ok_or_else(|| InferError::invalid("no X"))?;
+                let (sender, stream) = crate::stream::channel();
+                tokio::spawn(async move {
+                    for k in 1..=3 {
+                        let y: Vec<f32> = x.iter().map(|v| v + 10.0 * k as f32).collect();
+                        let response = InferResponse {
+                            outputs: vec![Tensor::from_f32("Y", vec![y.len() as i64], &y)],
+                            ..Default::default()
+                        };
+                        if sender.send(Some(Ok(response)), false).await.is_err() {
+                            return;
+                        }
+                    }
+                    let _ = sender.send(None, true).await;
+                });
+                Ok(stream)
             })
         }
 
@@ -423,12 +711,12 @@ mod tests {
                 DataType::Fp32
             };
             match model {
-                "inc" | "ints" => Ok(ModelMetadata {
+                "inc" | "ints" | "count" => Ok(ModelMetadata {
                     name: model.into(),
                     versions: vec![1],
                     platform: "fake".into(),
                     batched: false,
-                    decoupled: false,
+                    decoupled: model == "count",
                     inputs: vec![spec("X", datatype)],
                     outputs: vec![spec("Y", datatype)],
                 }),
@@ -506,9 +794,7 @@ mod tests {
             ..Default::default()
         };
         let cx = CallContext::root().call_from("caller");
-        let response = run(&plan, &Arc::downgrade(&inference), cx, request)
-            .await
-            .expect("runs");
+        let response = run(&plan, inference, cx, request).await.expect("runs");
         assert_eq!(response.outputs[0].name, "OUT");
         assert_eq!(response.outputs[0].as_f32_vec(), Some(vec![3.0, 4.0]));
         let calls = models.calls.lock().expect("calls").clone();
@@ -517,5 +803,97 @@ mod tests {
             assert_eq!(model, "inc");
             assert_eq!(chain, vec!["caller".to_owned(), "e".to_owned()]);
         }
+    }
+
+    /// The calls each model got, in order.
+    fn called(models: &Models) -> Vec<String> {
+        let calls = models.calls.lock().expect("calls");
+        calls.iter().map(|(m, _)| m.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_decoupled_step_streams_each_response_through_the_steps_after_it() {
+        let models = Arc::new(Models::default());
+        let config = ensemble(&[("inc", "IN", "A"), ("count", "A", "B"), ("inc", "B", "OUT")]);
+        let inference: Arc<dyn Inference> = models.clone();
+        assert!(has_decoupled_step("e", &config, inference.as_ref()));
+        let plan = plan("e", &config, models.as_ref()).expect("plan");
+        assert_eq!(plan.stream_step, Some(1));
+        assert_eq!(plan.per_response, vec![false, false, true]);
+        let request = || InferRequest {
+            inputs: vec![Tensor::from_f32("IN", vec![1], &[1.0])],
+            ..Default::default()
+        };
+
+        let (sender, mut stream) = crate::stream::channel();
+        let cx = CallContext::root().call_from("caller");
+        run_streaming(&plan, inference.clone(), cx.clone(), request(), &sender)
+            .await
+            .expect("runs");
+        let mut outs = Vec::new();
+        while let Some(message) = stream.next().await {
+            if let Some(result) = message.result {
+                outs.push(result.expect("a response").outputs[0].as_f32_vec());
+            }
+            if message.last {
+                break;
+            }
+        }
+        // 1 + 1, then + 10k, then + 1: in order, the final message without outputs passed on.
+        assert_eq!(
+            outs,
+            vec![Some(vec![13.0]), Some(vec![23.0]), Some(vec![33.0])]
+        );
+        assert_eq!(called(&models), ["inc", "count", "inc", "inc", "inc"]);
+
+        // A unary call gets one response or a clear refusal, never the first of many.
+        let refused = run_once_streamed(&plan, inference, cx, request())
+            .await
+            .expect_err("three responses");
+        assert!(refused.message.contains("generate_stream"), "{refused:?}");
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_goes_away_stops_the_stream() {
+        let models = Arc::new(Models::default());
+        let config = ensemble(&[("count", "IN", "B"), ("inc", "B", "OUT")]);
+        let plan = plan("e", &config, models.as_ref()).expect("plan");
+        let (sender, stream) = crate::stream::channel();
+        drop(stream);
+        let inference: Arc<dyn Inference> = models.clone();
+        let request = InferRequest {
+            inputs: vec![Tensor::from_f32("IN", vec![1], &[1.0])],
+            ..Default::default()
+        };
+        run_streaming(&plan, inference, CallContext::root(), request, &sender)
+            .await
+            .expect("ends quietly");
+        // At most the response in flight when the caller's absence was seen went further.
+        assert!(called(&models).iter().filter(|m| *m == "inc").count() <= 1);
+    }
+
+    #[test]
+    fn two_decoupled_steps_are_refused() {
+        let err = plan_error(&[("count", "IN", "A"), ("count", "A", "OUT")]);
+        assert!(err.contains("both decoupled"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_absent_optional_input_is_left_out_of_the_steps() {
+        let models = Arc::new(Models::default());
+        let mut config = ensemble(&[("inc", "IN", "OUT")]);
+        config.input[0].optional = true;
+        let plan = plan("e", &config, models.as_ref()).expect("plan");
+        let inference: Arc<dyn Inference> = models.clone();
+        // The step runs without its input (and says what is missing) rather than never.
+        let err = run(
+            &plan,
+            inference,
+            CallContext::root(),
+            InferRequest::default(),
+        )
+        .await
+        .expect_err("the fake needs X");
+        assert!(err.message.contains("no X"), "{err:?}");
     }
 }

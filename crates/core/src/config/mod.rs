@@ -308,7 +308,7 @@ pub fn ignored_settings(config: &ModelConfig) -> Vec<&'static str> {
 /// it anyway would answer wrongly (no sequence state, one response where many are due, missing
 /// batch inputs), so the model is refused at load with this reason instead. `streams` says
 /// whether the model's backend can answer with a stream (Wasm handlers of the
-/// `decoupled-model` world can; ONNX models and ensembles cannot).
+/// `decoupled-model` world, the LLM engine and ensembles can; ONNX models cannot).
 pub fn unsupported_settings(config: &ModelConfig, streams: bool) -> Option<String> {
     let mut unsupported = Vec::new();
     let decoupled = config
@@ -329,7 +329,7 @@ pub fn unsupported_settings(config: &ModelConfig, streams: bool) -> Option<Strin
     }
     if !streams && decoupled {
         unsupported.push(
-            "model_transaction_policy { decoupled: true } for this backend (only Wasm handlers of the decoupled-model world and the llamacpp engine answer with a stream of responses)",
+            "model_transaction_policy { decoupled: true } for this backend (only Wasm handlers of the decoupled-model world, the llamacpp engine and ensembles answer with a stream of responses)",
         );
     }
     if !config.batch_input.is_empty() || !config.batch_output.is_empty() {
