@@ -4,6 +4,7 @@ a number of concurrent streams, the same for any server, from one process.
 
     llm_load.py grpc   HOST:PORT PID LABEL MODEL STREAMS,... [options]
     llm_load.py openai HOST:PORT PID LABEL MODEL STREAMS,... [options]
+    llm_load.py ensemble HOST:PORT PID LABEL MODEL STREAMS,... [options]
     llm_load.py bare-row LABEL < llm_bare-report.json
 
 grpc: KServe v2 gRPC ModelStreamInfer with TensorRT-LLM's tensors (`input_ids`,
@@ -11,6 +12,8 @@ grpc: KServe v2 gRPC ModelStreamInfer with TensorRT-LLM's tensors (`input_ids`,
 (tensorrt_llm) or Triton's Python-backend peer (bench/triton_models/llm_engine).
 openai: `POST /v1/completions` with `stream: true` (Server-Sent Events) and `min_tokens`: the
 whole pipeline (front-end, Wasm BLS handler with tokenizer and detokenizer, engine).
+ensemble: `POST /v2/models/ensemble/generate_stream` with `stream` and `min_length`: TensorRT-LLM's
+ensemble (Wasm preprocessing, engine, Wasm postprocessing per engine response).
 
 Each of STREAMS workers sends REQUESTS requests back to back, each a distinct prompt of PROMPT
 tokens asking for exactly GENERATED tokens. Metrics as genai-perf defines them: time to first
@@ -18,7 +21,10 @@ token (send → first token), inter-token latency (gap between responses ÷ toke
 one), output tokens/s (all tokens ÷ wall time). Server CPU per token is the PID's process
 tree's CPU time (Triton runs Python models in stub processes) ÷ tokens. With --long-prompt N,
 one extra request with an N-token prompt starts a second into the level, and the row reports
-the inter-token latency of the others while it runs. Prints one markdown row per level.
+the inter-token latency of the others while it runs. With --metrics (tessera's metrics port),
+tokens/s and CPU per token count the tokens the engine generated rather than the text pieces
+the client saw (a piece holds whole characters: one token, several, or none for a special one).
+Prints one markdown row per level.
 """
 from __future__ import annotations
 
@@ -119,6 +125,33 @@ def run_openai(target: str, model: str, text: str, generated: int, _channel) -> 
     return record
 
 
+def run_ensemble(target: str, model: str, text: str, generated: int, _channel) -> Record:
+    """TensorRT-LLM's ensemble through generate_stream: each engine response through the Wasm
+    postprocessing step, one Server-Sent Event each."""
+    host, port = target.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    body = {"text_input": text, "max_tokens": generated, "min_length": generated, "stream": True}
+    record = Record()
+    conn.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body))
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"{response.status}: {response.read()[:300]!r}")
+    while True:
+        line = response.fp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        event = json.loads(line[len(b"data: "):])
+        if "error" in event:
+            raise RuntimeError(event["error"])
+        if event.get("text_output"):
+            record.arrivals.append((time.perf_counter(), 1))  # as openai: a piece is a token
+    conn.close()
+    return record
+
+
 def level(args, streams: int, run, prompts) -> dict:
     records: list[Record] = []
     lock = threading.Lock()
@@ -149,6 +182,7 @@ def level(args, streams: int, run, prompts) -> dict:
             errors.append(f"long prompt: {e}")
         long_window.extend([start, time.perf_counter()])
 
+    generated0 = engine_tokens(args.metrics)
     cpu0 = tree_cpu_seconds(args.pid)
     outside0 = threads_cpu_ns(args.pid)
     t0 = time.perf_counter()
@@ -175,6 +209,10 @@ def level(args, streams: int, run, prompts) -> dict:
             itl.append(gap)
             if long_window and long_window[0] <= b <= long_window[1]:
                 itl_during_long.append(gap)
+    generated1 = engine_tokens(args.metrics)
+    if generated0 is not None and generated1 is not None:
+        # The engine's count: a streamed text piece may hold more than one token, or none.
+        tokens = generated1 - generated0
     return {
         "streams": streams, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
         "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
@@ -184,6 +222,20 @@ def level(args, streams: int, run, prompts) -> dict:
         "outside_us_per_token": outside / tokens * 1e6 if tokens else float("nan"),
         "errors": errors,
     }
+
+
+def engine_tokens(metrics: str | None) -> int | None:
+    """Tokens tessera's engines generated so far (`tessera_llm_generation_tokens_total`, all
+    models and tenants), from its metrics endpoint HOST:PORT; None without one."""
+    if not metrics:
+        return None
+    host, port = metrics.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("tessera_llm_generation_tokens_total{"))
 
 
 def threads_cpu_ns(pid: int) -> dict[int, int] | None:
@@ -223,7 +275,7 @@ def main():
         bare_row(sys.argv[2])
         return
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["grpc", "openai"])
+    p.add_argument("mode", choices=["grpc", "openai", "ensemble"])
     p.add_argument("target")
     p.add_argument("pid", type=int)
     p.add_argument("label")
@@ -233,7 +285,9 @@ def main():
     p.add_argument("--generated", type=int, default=128)
     p.add_argument("--requests", type=int, default=2)
     p.add_argument("--long-prompt", type=int, default=0)
-    p.add_argument("--tokenizer", help="tokenizer.json, to make prompt text of --prompt tokens (openai)")
+    p.add_argument("--metrics", help="tessera's metrics HOST:PORT: count tokens as the engine does "
+                   "(tokens/s and CPU per token), not as text pieces")
+    p.add_argument("--tokenizer", help="tokenizer.json, to make prompt text of --prompt tokens (openai, ensemble)")
     args = p.parse_args()
 
     if args.mode == "grpc":
@@ -244,7 +298,7 @@ def main():
     else:
         from tokenizers import Tokenizer
         tokenizer = Tokenizer.from_file(args.tokenizer)
-        run = run_openai
+        run = run_openai if args.mode == "openai" else run_ensemble
 
         def prompts(salt: int, n: int) -> str:
             # Ordinary tokens decoded to text: about n tokens when the server tokenizes it.

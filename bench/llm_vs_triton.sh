@@ -6,6 +6,8 @@
 #   tessera     the engine model tensorrt_llm over gRPC ModelStreamInfer (TensorRT-LLM tensors)
 #   tessera-openai  POST /v1/completions, streamed: front-end + Wasm BLS handler (tokenizer,
 #               detokenizer) + engine
+#   tessera-ensemble  TensorRT-LLM's ensemble through generate_stream: Wasm preprocessing, the
+#               engine, Wasm postprocessing once per engine response
 #   triton      real Triton 2.51, a decoupled Python-backend model.py running the same GGUF through
 #               llama-cpp-python per request (bench/triton_models/llm_engine): what users do today
 # plus one level with a LONG-token prompt arriving a second into STREAMS_LONG decoding streams.
@@ -47,13 +49,16 @@ if has bare; then
   done
 fi
 if has tessera; then
-  start_tessera "$ROOT/model_repository" tessera tensorrt_llm tensorrt_llm_bls
+  start_tessera "$ROOT/model_repository" tessera tensorrt_llm tensorrt_llm_bls ensemble
   "${LOAD[@]}" grpc "127.0.0.1:$T_GRPC" "$TESSERA_PID" tessera tensorrt_llm "$STREAMS" \
     --prompt "$PROMPT" --generated "$GENERATED" --requests "$REQUESTS" | tee -a "$ROWS"
   "${LOAD[@]}" grpc "127.0.0.1:$T_GRPC" "$TESSERA_PID" "tessera, $LONG-token prompt joins" tensorrt_llm \
     "$STREAMS_LONG" --prompt "$PROMPT" --generated "$GENERATED" --requests 1 --long-prompt "$LONG" | tee -a "$ROWS"
   "${LOAD[@]}" openai "127.0.0.1:$T_HTTP" "$TESSERA_PID" tessera-openai tensorrt_llm_bls "$STREAMS" \
-    --prompt "$PROMPT" --generated "$GENERATED" --requests "$REQUESTS" \
+    --prompt "$PROMPT" --generated "$GENERATED" --requests "$REQUESTS" --metrics "127.0.0.1:$T_METRICS" \
+    --tokenizer "$ROOT/model_repository/tensorrt_llm/1/tokenizer.json" | tee -a "$ROWS"
+  "${LOAD[@]}" ensemble "127.0.0.1:$T_HTTP" "$TESSERA_PID" tessera-ensemble ensemble "$STREAMS" \
+    --prompt "$PROMPT" --generated "$GENERATED" --requests "$REQUESTS" --metrics "127.0.0.1:$T_METRICS" \
     --tokenizer "$ROOT/model_repository/tensorrt_llm/1/tokenizer.json" | tee -a "$ROWS"
   stop_tessera
 fi
