@@ -94,61 +94,51 @@ def run_grpc(target: str, model: str, ids: list[int], generated: int, channel) -
     return record
 
 
-def run_openai(target: str, model: str, text: str, generated: int, _channel) -> Record:
+def sse_stream(target: str, path: str, body: dict):
+    """POSTs `body` and yields each `data:` payload of the Server-Sent Events answer, parsed,
+    until `[DONE]` or the end; an error event raises."""
     host, port = target.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
-    body = {"model": model, "prompt": text, "max_tokens": generated, "min_tokens": generated,
-            "stream": True}
-    record = Record()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
     if response.status != 200:
         raise RuntimeError(f"{response.status}: {response.read()[:300]!r}")
-    while True:
-        line = response.fp.readline()
-        if not line:
-            break
-        line = line.strip()
-        if not line.startswith(b"data: "):
-            continue
-        data = line[len(b"data: "):]
-        if data == b"[DONE]":
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            raise RuntimeError(chunk["error"])
+    try:
+        while line := response.fp.readline():
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            data = line[len(b"data: "):]
+            if data == b"[DONE]":
+                return
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(event["error"])
+            yield event
+    finally:
+        conn.close()
+
+
+def run_openai(target: str, model: str, text: str, generated: int, _channel) -> Record:
+    body = {"model": model, "prompt": text, "max_tokens": generated, "min_tokens": generated,
+            "stream": True}
+    record = Record()
+    for chunk in sse_stream(target, "/v1/completions", body):
         if chunk["choices"] and chunk["choices"][0]["text"]:
             # One streamed piece of text per engine response (a token, or two for a split
             # character): counted as one token here, the usual client-side view.
             record.arrivals.append((time.perf_counter(), 1))
-    conn.close()
     return record
 
 
 def run_ensemble(target: str, model: str, text: str, generated: int, _channel) -> Record:
     """TensorRT-LLM's ensemble through generate_stream: each engine response through the Wasm
     postprocessing step, one Server-Sent Event each."""
-    host, port = target.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=600)
     body = {"text_input": text, "max_tokens": generated, "min_length": generated, "stream": True}
     record = Record()
-    conn.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body))
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"{response.status}: {response.read()[:300]!r}")
-    while True:
-        line = response.fp.readline()
-        if not line:
-            break
-        line = line.strip()
-        if not line.startswith(b"data: "):
-            continue
-        event = json.loads(line[len(b"data: "):])
-        if "error" in event:
-            raise RuntimeError(event["error"])
+    for event in sse_stream(target, f"/v2/models/{model}/generate_stream", body):
         if event.get("text_output"):
             record.arrivals.append((time.perf_counter(), 1))  # as openai: a piece is a token
-    conn.close()
     return record
 
 

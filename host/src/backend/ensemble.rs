@@ -198,32 +198,36 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
 
 /// Per step, whether it reads what `source` produces, directly or through other steps.
 fn downstream_of(steps: &[Step], source: Option<usize>) -> Vec<bool> {
-    let mut downstream = vec![false; steps.len()];
     let Some(source) = source else {
-        return downstream;
+        return vec![false; steps.len()];
     };
-    let mut tainted: HashSet<&str> = steps[source]
-        .outputs
-        .iter()
-        .map(|(_, t)| t.as_str())
-        .collect();
+    let produced = steps[source].outputs.iter().map(|(_, t)| t.as_str());
+    let mut downstream = reach(steps, produced.collect(), |step, known| {
+        step.inputs.iter().any(|(_, t)| known.contains(t.as_str()))
+    });
+    downstream[source] = false;
+    downstream
+}
+
+/// Marks steps until nothing changes: a step is marked when `marks(step, known)` holds for the
+/// tensors known so far, and then what it produces is known too.
+fn reach<'a>(
+    steps: &'a [Step],
+    mut known: HashSet<&'a str>,
+    marks: impl Fn(&Step, &HashSet<&'a str>) -> bool,
+) -> Vec<bool> {
+    let mut marked = vec![false; steps.len()];
     loop {
         let mut grew = false;
         for (i, step) in steps.iter().enumerate() {
-            if i != source
-                && !downstream[i]
-                && step
-                    .inputs
-                    .iter()
-                    .any(|(_, t)| tainted.contains(t.as_str()))
-            {
-                downstream[i] = true;
+            if !marked[i] && marks(step, &known) {
+                marked[i] = true;
                 grew = true;
-                tainted.extend(step.outputs.iter().map(|(_, t)| t.as_str()));
+                known.extend(step.outputs.iter().map(|(_, t)| t.as_str()));
             }
         }
         if !grew {
-            return downstream;
+            return marked;
         }
     }
 }
@@ -245,26 +249,10 @@ pub fn has_decoupled_step(name: &str, config: &ModelConfig, inference: &dyn Infe
 
 /// Runs the steps symbolically: if some step can never start, its inputs depend on itself.
 fn check_acyclic(steps: &[Step], config: &ModelConfig) -> Result<(), LoadError> {
-    let mut available: HashSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
-    let mut done = vec![false; steps.len()];
-    loop {
-        let mut progressed = false;
-        for (i, step) in steps.iter().enumerate() {
-            if !done[i]
-                && step
-                    .inputs
-                    .iter()
-                    .all(|(_, t)| available.contains(t.as_str()))
-            {
-                done[i] = true;
-                progressed = true;
-                available.extend(step.outputs.iter().map(|(_, t)| t.as_str()));
-            }
-        }
-        if !progressed {
-            break;
-        }
-    }
+    let inputs = config.input.iter().map(|i| i.name.as_str()).collect();
+    let done = reach(steps, inputs, |step, known| {
+        step.inputs.iter().all(|(_, t)| known.contains(t.as_str()))
+    });
     match steps.iter().zip(&done).find(|(_, d)| !**d) {
         Some((step, _)) => Err(LoadError::invalid(format!(
             "the ensemble's steps form a cycle through step '{}'",
