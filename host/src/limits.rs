@@ -17,6 +17,7 @@
 //! | `--wasm-pool-instances` / `TESSERA_WASM_POOL_INSTANCES` | instances | 1 000 | Wasm instances alive at once, all models together (the pooling allocator's slots; each handler instance takes one). |
 //! | `--wasm-function-cache-bytes` / `TESSERA_WASM_FUNCTION_CACHE_BYTES` | bytes | 256 MiB | compiled functions kept in memory (Cranelift's incremental cache): a component whose functions were compiled before, in any component, compiles from them. Every Python handler carries the same CPython, so the second one compiles about 3× faster (7.8 s, then 2.4-3.0 s in a release build on 2 cores); one such component fills about 41 MB. 0 turns it off. |
 //! | `--wasm-fuel` / `TESSERA_WASM_FUEL` | on/off | off | meters wasmtime fuel in every guest, so a model may set `fuel_per_execute` (a deterministic CPU budget); without it such a model is refused at load. Metering costs every guest call 13-23 % of its time (measured on a Python handler, docs/benchmarks.md), while `execute_deadline_ms` (epoch interruption, near free) already stops a runaway guest. |
+//! | `--worker-threads` / `TESSERA_WORKER_THREADS` | threads | 0 (one per CPU core) | the async runtime's workers: front-ends, batchers and Wasm guests run on them (ONNX Runtime and the LLM engine have threads of their own). With one per core, a lone request hops between idle workers, each hop a thread wake-up; one worker serves low concurrency with less CPU and more throughput, more workers serve high concurrency (measured: docs/benchmarks.md, "Python models"). |
 //! | `--wasm-max-memory-bytes` / `TESSERA_WASM_MAX_MEMORY_BYTES` | bytes | 4 GiB | the largest `max_memory_bytes` a handler may be given. The pool reserves address space (not memory) for it in every memory slot (two per instance slot), so the reservation is about 2 × instances × this; lower both under `ulimit -v` or in containers that cap address space. |
 
 use std::time::Duration;
@@ -84,6 +85,9 @@ pub struct ServerLimits {
     /// call 13-23 % of its speed).
     #[arg(long, env = "TESSERA_WASM_FUEL", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub wasm_fuel: bool,
+    /// Threads that run the front-ends, the batchers and the Wasm guests (0: one per CPU core).
+    #[arg(long, env = "TESSERA_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
 }
 
 impl Default for ServerLimits {
@@ -103,6 +107,7 @@ impl Default for ServerLimits {
             wasm_max_memory_bytes: 4 << 30,
             wasm_function_cache_bytes: 256 << 20,
             wasm_fuel: false,
+            worker_threads: 0,
         }
     }
 }
@@ -119,6 +124,14 @@ impl ServerLimits {
             header_read_timeout: Duration::from_secs(self.http_header_read_timeout_secs.max(1)),
             body_read_timeout: Duration::from_secs(self.http_body_read_timeout_secs.max(1)),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+        }
+    }
+
+    /// The async runtime's worker threads: as set, or one per CPU core.
+    pub fn workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
         }
     }
 
@@ -170,6 +183,7 @@ impl ServerLimits {
                 self.wasm_function_cache_bytes
             ),
             format!("wasm_fuel\t{}", self.wasm_fuel),
+            format!("worker_threads\t{}", self.workers()),
             format!(
                 "wasm_address_space_reserved\t{} GiB",
                 self.wasm_reservation_bytes() >> 30

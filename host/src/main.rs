@@ -508,7 +508,13 @@ fn default_cache_dir() -> Option<PathBuf> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let workers = match &cli.command {
+        None => cli.serve.limits.workers(),
+        Some(Command::Check(args)) => args.limits.workers(),
+        Some(_) => ServerLimits::default().workers(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
     {
@@ -709,7 +715,11 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    tracing::info!("KServe v2 HTTP on {}", listener.local_addr()?);
+    tracing::info!(
+        workers = tokio::runtime::Handle::current().metrics().num_workers(),
+        "KServe v2 HTTP on {}",
+        listener.local_addr()?
+    );
     let mut front_ends = tokio::task::JoinSet::new();
     if serve.allow_metrics {
         let metrics_addr: SocketAddr =

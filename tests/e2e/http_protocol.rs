@@ -20,6 +20,23 @@ async fn start() -> TestServer {
 }
 
 #[tokio::test]
+async fn the_async_runtime_runs_the_workers_the_flag_asks_for() {
+    crate::harness::require_onnx_runtime!();
+    let s = TestServer::start(
+        &[examples_repo()],
+        &["--worker-threads", "1"],
+        &shared_cache(),
+    )
+    .await;
+    assert!(s.log_text().contains("workers=1"), "{}", s.log_text());
+    let (status, body) = s
+        .infer("add_sub", add_sub_inputs(&ramp(1, 1.0), &ramp(1, 2.0), 1))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output_f32(&body, "OUTPUT0")[3], 9.0);
+}
+
+#[tokio::test]
 async fn health_metadata_and_config() {
     crate::harness::require_onnx_runtime!();
     let s = start().await;
