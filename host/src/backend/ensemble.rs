@@ -617,6 +617,33 @@ mod tests {
         }
     }
 
+    impl Models {
+        fn record(&self, model: &str, cx: &CallContext) {
+            self.calls
+                .lock()
+                .expect("calls")
+                .push((model.to_owned(), cx.call_chain.clone()));
+        }
+    }
+
+    fn input_x(request: &InferRequest) -> Result<Vec<f32>, InferError> {
+        request
+            .inputs
+            .iter()
+            .find(|t| t.name == "X")
+            .and_then(Tensor::as_f32_vec)
+            .ok_or_else(|| InferError::invalid("no X"))
+    }
+
+    /// Output "Y": `x` plus `add`, element by element.
+    fn y_response(x: &[f32], add: f32) -> InferResponse {
+        let y: Vec<f32> = x.iter().map(|v| v + add).collect();
+        InferResponse {
+            outputs: vec![Tensor::from_f32("Y", vec![y.len() as i64], &y)],
+            ..Default::default()
+        }
+    }
+
     impl Inference for Models {
         fn infer<'a>(
             &'a self,
@@ -625,23 +652,8 @@ mod tests {
             _version: Option<i64>,
             request: InferRequest,
         ) -> BoxFuture<'a, InferResult> {
-            self.calls
-                .lock()
-                .expect("calls")
-                .push((model.to_owned(), cx.call_chain.clone()));
-            Box::pin(async move {
-                let x = request
-                    .inputs
-                    .iter()
-                    .find(|t| t.name == "X")
-                    .and_then(Tensor::as_f32_vec)
-                    .ok_or_else(|| InferError::invalid("no X"))?;
-                let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
-                Ok(InferResponse {
-                    outputs: vec![Tensor::from_f32("Y", vec![y.len() as i64], &y)],
-                    ..Default::default()
-                })
-            })
+            self.record(model, &cx);
+            Box::pin(async move { Ok(y_response(&input_x(&request)?, 1.0)) })
         }
 
         fn infer_stream<'a>(
@@ -658,25 +670,13 @@ mod tests {
                 });
             }
             // The decoupled one: X + 10, X + 20, X + 30, then a final message without outputs.
-            self.calls
-                .lock()
-                .expect("calls")
-                .push((model.to_owned(), cx.call_chain.clone()));
+            self.record(model, &cx);
             Box::pin(async move {
-                let x = request
-                    .inputs
-                    .iter()
-                    .find(|t| t.name == "X")
-                    .and_then(Tensor::as_f32_vec)
-                    .ok_or_else(|| InferError::invalid("no X"))?;
+                let x = input_x(&request)?;
                 let (sender, stream) = crate::stream::channel();
                 tokio::spawn(async move {
                     for k in 1..=3 {
-                        let y: Vec<f32> = x.iter().map(|v| v + 10.0 * k as f32).collect();
-                        let response = InferResponse {
-                            outputs: vec![Tensor::from_f32("Y", vec![y.len() as i64], &y)],
-                            ..Default::default()
-                        };
+                        let response = y_response(&x, 10.0 * k as f32);
                         if sender.send(Some(Ok(response)), false).await.is_err() {
                             return;
                         }
