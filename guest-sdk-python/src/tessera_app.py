@@ -3,17 +3,21 @@
 
 `tessera build` makes the component of this module, `tessera` and the model's folder, for the
 `model` world, or for `decoupled-model` when the config says `decoupled: true` (then `execute`
-may yield responses: see `DecoupledHandler`).
+may yield responses, or be an async generator: see `DecoupledHandler`).
 componentize-py runs this module at build time and snapshots the interpreter, so the model's
 handler class is found here, once: a model.py without exactly one fails the build, naming why.
 componentize-py makes a new `Handler` object per call, so the instance lives in a module global.
 """
 
+import asyncio
+import inspect
 import json
+import time
 import traceback
 from collections.abc import Mapping
 
 import tessera
+import tessera_loop
 import tessera_wire as wire
 from componentize_py_types import Ok
 from wit_world import exports
@@ -86,7 +90,8 @@ if hasattr(exports, "DecoupledHandler"):  # the `decoupled-model` world
     class DecoupledHandler(exports.DecoupledHandler):
         """A streaming handler (`model_transaction_policy { decoupled: true }`): `execute`
         yields its responses, each sent as it comes; the stream ends when the generator does.
-        A batch's requests stream one after another."""
+        The instance's streams take turns (see `_Streams`), so new requests join while others
+        stream."""
 
         def initialize(self, config_json: str) -> None:
             _initialize(config_json)
@@ -94,46 +99,137 @@ if hasattr(exports, "DecoupledHandler"):  # the `decoupled-model` world
         def execute(self, requests):
             for request, sender in requests:
                 wire_request = wire.WireRequest.from_wit(request)
-                _stream(tessera.Request._from_wire(wire_request), wire.WireSender(sender),
-                        set(wire_request.requested_outputs))
+                _streams.start(tessera.Request._from_wire(wire_request), wire.WireSender(sender),
+                               set(wire_request.requested_outputs))
 
         def resume(self):
-            return None  # every stream ended within execute
+            return _streams.turn()
 
         def finalize(self) -> None:
+            _streams.close()
             _finalize()
 
 
-def _stream(request, sender: "wire.WireSender", wanted: set) -> None:
-    def send(answer, final: bool) -> None:
-        if isinstance(answer, tessera.Error):
-            sender.send_error(answer.kind, answer.message)
-        else:
-            outputs = [t._wire for t in answer.outputs if not wanted or t.name in wanted]
-            sender.send(outputs, answer.parameters, final)
+class _Emitter:
+    """Sends one stream's answers: a Response's outputs (those asked for), or an Error."""
 
-    produced = None
-    try:
-        produced = _instance.execute(request)
-        if produced is None or isinstance(produced, (tessera.Response, Mapping)):
-            send(tessera._answer(produced), final=True)  # one response: the stream's only one
+    __slots__ = ("sender", "wanted")
+
+    def __init__(self, sender: "wire.WireSender", wanted: set):
+        self.sender, self.wanted = sender, wanted
+
+    def send(self, answer, final: bool) -> None:
+        if isinstance(answer, tessera.Error):
+            self.sender.send_error(answer.kind, answer.message)
+        else:
+            outputs = [t._wire for t in answer.outputs if not self.wanted or t.name in self.wanted]
+            self.sender.send(outputs, answer.parameters, final)
+
+
+class _Streams:
+    """The streams of a decoupled instance. Each call of `turn` advances every generator by one
+    response, round after round, for up to `tessera_loop.SLICE_S`: streams interleave, and a
+    long one does not hold the instance from the next request. An `async def` execute (an async
+    generator, or a coroutine returning one answer) runs on the instance's event loop, so it may
+    `await asyncio.sleep(...)` between responses without holding the instance."""
+
+    def __init__(self):
+        self._running = []  # (iterator, emitter)
+        self._background = tessera_loop.Background(wire.log, _describe)
+
+    def start(self, request, sender: "wire.WireSender", wanted: set) -> None:
+        emitter = _Emitter(sender, wanted)
+        try:
+            produced = _instance.execute(request)
+        except Exception as e:  # noqa: BLE001 - ends this request's stream only
+            _end_with_exception(sender, e)
             return
-        for item in produced:
-            answer = tessera._answer(item)
-            send(answer, final=False)
-            if isinstance(answer, tessera.Error):
-                return  # an error ends the stream
-        sender.finish()
+        if inspect.isasyncgen(produced) or asyncio.iscoroutine(produced):
+            self._background.start(_drain(produced, emitter), [sender])
+        elif produced is None or isinstance(produced, (tessera.Response, Mapping)):
+            try:  # one response: the stream's only one
+                emitter.send(tessera._answer(produced), final=True)
+            except wire.SendError:
+                pass  # the caller has gone
+        else:
+            self._running.append((iter(produced), emitter))
+
+    def turn(self):
+        """Runs the streams' turns; when to call again (ms), None when nothing is left."""
+        end = time.monotonic() + tessera_loop.SLICE_S
+        while self._running and time.monotonic() < end:
+            self._running = [s for s in self._running if _advance(*s)]
+        after = self._background.resume()
+        return 0 if self._running else after
+
+    def close(self) -> None:
+        for iterator, _ in self._running:
+            _close(iterator)
+        self._running = []
+        self._background.close()
+
+
+def _advance(iterator, emitter: _Emitter) -> bool:
+    """Sends a generator's next response; False once its stream has ended."""
+    try:
+        answer = tessera._answer(next(iterator))
+        emitter.send(answer, final=False)
+        if not isinstance(answer, tessera.Error):
+            return True  # an error ends the stream
+    except StopIteration:
+        try:
+            emitter.sender.finish()
+        except wire.SendError:
+            pass
+        return False
     except wire.SendError:
         pass  # the caller has gone, or the stream ended: stop producing
-    except tessera.Error as e:
-        _end_with(sender, e.kind, e.message)
     except Exception as e:  # noqa: BLE001 - ends this request's stream only
-        _end_with(sender, "internal", f"{type(e).__name__}: {e}")
+        _end_with_exception(emitter.sender, e)
+    _close(iterator)
+    return False
+
+
+async def _drain(produced, emitter: _Emitter) -> None:
+    """Sends what an `async def` execute produces: each item of an async generator, or the one
+    answer of a coroutine."""
+    try:
+        if asyncio.iscoroutine(produced):
+            emitter.send(tessera._answer(await produced), final=True)
+            return
+        async for item in produced:
+            answer = tessera._answer(item)
+            emitter.send(answer, final=False)
+            if isinstance(answer, tessera.Error):
+                return
+        emitter.sender.finish()
+    except wire.SendError:
+        pass
+    except tessera.Error as e:
+        _end_with(emitter.sender, e.kind, e.message)
     finally:
-        close = getattr(produced, "close", None)
-        if close is not None and not isinstance(produced, (tessera.Response, Mapping)):
+        if inspect.isasyncgen(produced):
+            await produced.aclose()  # a generator stopped early runs its `finally` blocks now
+
+
+def _close(iterator) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        try:
             close()  # a generator stopped early runs its `finally` blocks now
+        except Exception as e:  # noqa: BLE001 - its stream has ended already; logged
+            wire.log("error", f"closing the stream's generator failed: {_describe(e)}")
+
+
+def _describe(e: Exception) -> str:
+    return e.message if isinstance(e, tessera.Error) else f"{type(e).__name__}: {e}"
+
+
+def _end_with_exception(sender: "wire.WireSender", e: Exception) -> None:
+    if isinstance(e, tessera.Error):
+        _end_with(sender, e.kind, e.message)
+    else:
+        _end_with(sender, "internal", f"{type(e).__name__}: {e}")
 
 
 def _end_with(sender: "wire.WireSender", kind: str, message: str) -> None:
@@ -150,3 +246,6 @@ def _to_wit(answer, request: "wire.WireRequest"):
     wanted = set(request.requested_outputs)
     outputs = [t._wire.to_wit() for t in answer.outputs if not wanted or t.name in wanted]
     return Ok(types.Response(outputs, wire.parameters_to_wit(answer.parameters)))
+
+
+_streams = _Streams()  # a decoupled instance's streams (the instance lives in this module)

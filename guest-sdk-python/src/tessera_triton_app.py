@@ -13,16 +13,17 @@ world, which exports both handlers: the completed configuration says which one s
 
 The sandbox has one thread. `threading.Thread.start` runs the thread's function at once, to its
 end (Triton's decoupled examples send their responses from a thread they start in `execute`);
-`join` then returns at once and `is_alive` is False.
+`join` then returns at once and `is_alive` is False. A decoupled `async def execute` runs in the
+background instead, as in Triton (`tessera_loop.Background`): batches interleave while their
+coroutines wait.
 """
 
 import asyncio
-import asyncio.base_events
 import json
 import threading
-import time
 import traceback
 
+import tessera_loop
 import tessera_wire as wire
 import triton_python_backend_utils as pb_utils
 from componentize_py_types import Ok
@@ -80,7 +81,7 @@ def _execute(pb_requests):
     """The model's `execute` (plain or async) on a batch; raises what it raises."""
     responses = _model.execute(pb_requests)
     if asyncio.iscoroutine(responses):
-        responses = _run(responses)
+        responses = tessera_loop.run(responses)
     return responses
 
 
@@ -136,30 +137,30 @@ if hasattr(exports, "DecoupledHandler"):  # the `decoupled-model` world
                 pb_request._sender = pb_utils.InferenceResponseSender(
                     wire.WireSender(sender), wire_request.requested_outputs)
                 pb_requests.append(pb_request)
+            senders = [r._sender._sender for r in pb_requests]
             failure = None
             try:
-                returned = _execute(pb_requests)
+                returned = _model.execute(pb_requests)
+                if asyncio.iscoroutine(returned):
+                    # As Triton: not awaited here; its streams go on in `resume`.
+                    _background.start(returned, senders)
+                    return
                 if returned is not None:
                     failure = ("a decoupled model's execute must return None and send its "
                                "responses through request.get_response_sender()")
             except Exception as e:  # noqa: BLE001 - ends every open stream of the batch
                 failure = _message(e)
-            for pb_request in pb_requests:
-                sender = pb_request._sender._sender
-                if sender.final_sent:
-                    continue
-                try:
-                    sender.send_error("internal", failure or
-                                      "execute returned before the final response was sent "
-                                      "(send flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)")
-                except wire.SendError:
-                    pass  # the caller has gone
+            for sender in senders:
+                tessera_loop.end_stream(sender, failure or tessera_loop.NO_FINAL)
 
         def resume(self):
-            return None  # nothing runs between batches: the streams ended within execute
+            return _background.resume()
 
         def finalize(self) -> None:
+            _background.close()
             _finalize()
+
+    _background = tessera_loop.Background(wire.log, _message)
 
 
 if hasattr(exports, "ConfigCompletion"):  # built for a model.py with auto_complete_config
@@ -198,37 +199,3 @@ def _to_wit(response, request: "wire.WireRequest"):
     outputs = [pb_utils._wire_as_declared(t).to_wit() for t in response._outputs
                if not wanted or t.name() in wanted]
     return Ok(types.Response(outputs, wire.parameters_to_wit(response._parameters)))
-
-
-class _NoSelector:
-    """The sandbox has no sockets to wait on: a wait is only ever for a timer."""
-
-    def select(self, timeout=None):
-        if timeout:
-            time.sleep(timeout)
-        return []
-
-
-class _SandboxLoop(asyncio.base_events.BaseEventLoop):
-    """An asyncio loop without a selector. asyncio's own loops open a socketpair to wake
-    themselves, which WASI refuses; here nothing runs beside the loop, so nothing needs to wake
-    it. BLS calls block, so `asyncio.gather` of `async_exec()` calls runs them one by one."""
-
-    def __init__(self):
-        super().__init__()
-        self._selector = _NoSelector()
-
-    def _process_events(self, event_list):
-        pass
-
-    def _write_to_self(self):
-        pass
-
-
-def _run(coroutine):
-    """Runs an `async def execute` to the end on a fresh loop."""
-    loop = _SandboxLoop()
-    try:
-        return loop.run_until_complete(coroutine)
-    finally:
-        loop.close()

@@ -506,6 +506,7 @@ mod tests {
             "tessera_app.py",
             "tessera.py",
             "tessera_wire.py",
+            "tessera_loop.py",
             "tessera_ndarray.py",
             "sandbox/numpy/__init__.py",
         ] {

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import urllib.request
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,73 @@ model_transaction_policy { decoupled: true }
 input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 '''
+# A decoupled `async def execute`, as Triton runs it since 24.04: in the background, so the next
+# batch starts while this one awaits. MODE: words sent half a second apart, or how it fails.
+ASYNC_PROBE = '''
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def text(s):
+    tensor = pb_utils.Tensor("OUT", np.array([s.encode()], dtype=np.object_))
+    return pb_utils.InferenceResponse(output_tensors=[tensor])
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        await asyncio.gather(*(self.stream(request) for request in requests))
+
+    async def stream(self, request):
+        mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
+        sender = request.get_response_sender()
+        if mode == "raise":
+            sender.send(text("before"))
+            await asyncio.sleep(0.01)
+            raise pb_utils.TritonModelException("raised on purpose")
+        if mode == "no-final":
+            sender.send(text("only"))
+            return
+        for word in mode.split():
+            await asyncio.sleep(0.5)
+            sender.send(text(word))
+        sender.send(flags=FINAL)
+'''
+ASYNC_PROBE_CONFIG = '''
+name: "async_probe"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+# The same with Tessera's own API: an async generator, one instance.
+ASYNC_WORDS = '''
+import asyncio
+
+import tessera
+
+
+class Words(tessera.Handler):
+    async def execute(self, request):
+        [text] = request.strings("TEXT")
+        for word in text.split():
+            await asyncio.sleep(0.5)
+            yield {"OUT": [word]}
+'''
+ASYNC_WORDS_CONFIG = '''
+name: "async_words"
+backend: "wasm"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
 # A model.py whose auto_complete_config misbehaves as its configuration's `mode` parameter says;
 # with mode "ok" it completes its configuration and serves.
 COMPLETION_PROBE = '''
@@ -257,6 +325,11 @@ def python_server():
     (repo / "decoupled_probe" / "1").mkdir(parents=True)
     (repo / "decoupled_probe" / "config.pbtxt").write_text(DECOUPLED_PROBE_CONFIG)
     (repo / "decoupled_probe" / "1" / "model.py").write_text(DECOUPLED_PROBE)
+    for name, source, config in (("async_probe", ASYNC_PROBE, ASYNC_PROBE_CONFIG),
+                                 ("async_words", ASYNC_WORDS, ASYNC_WORDS_CONFIG)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+        (repo / name / "1" / "model.py").write_text(source)
     add_rust_add_sub(repo)
     # A Python model nobody built: refused at load, naming the command that builds it.
     shutil.copytree(repo / "add_sub", repo / "unbuilt")
@@ -272,7 +345,8 @@ def python_server():
     (completion / "completion_probe" / "1" / "model.py").write_text(COMPLETION_PROBE)
     models = ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py",
               "count_py", "square_int32", "repeat_int32", "decoupled_probe", "bls_decoupled_sync",
-              "custom_metrics", "nobatch_auto_complete", "batch_auto_complete")
+              "custom_metrics", "nobatch_auto_complete", "batch_auto_complete", "async_probe",
+              "async_words")
     folders = [repo / m for m in models] + [completion / "completion_probe"]
     # Two builds at a time: componentize-py works mostly on one core.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -291,7 +365,8 @@ def python_server():
         for model in ("add_sub", "bls_sync", "sandbox_probe", "add_sub_rust", "pytorch",
                       "add_sub_py", "bls_py", "count_py", "square_int32", "repeat_int32",
                       "decoupled_probe", "bls_decoupled_sync", "custom_metrics",
-                      "nobatch_auto_complete", "batch_auto_complete"):
+                      "nobatch_auto_complete", "batch_auto_complete", "async_probe",
+                      "async_words"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
         srv.completion_repo = completion
@@ -602,15 +677,16 @@ def test_a_model_py_without_a_handler_class_fails_the_build_saying_so(tmp_path):
     assert not (model / "1" / "model.wasm").exists()
 
 
-def _stream(srv, mode: str) -> list:
-    """The decoupled probe's stream for MODE: ("OUT" text | "error: ..."), until the final."""
+def _stream(srv, mode: str, model: str = "decoupled_probe", input_name: str = "MODE",
+            on_response=None) -> list:
+    """A probe's stream for MODE: ("OUT" text | "error: ..."), until the final."""
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
-        tensor = grpcclient.InferInput("MODE", [1], "BYTES")
+        tensor = grpcclient.InferInput(input_name, [1], "BYTES")
         tensor.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
-        client.async_stream_infer("decoupled_probe", [tensor], enable_empty_final_response=True)
+        client.async_stream_infer(model, [tensor], enable_empty_final_response=True)
         got = []
         while True:
             result, error = answers.get(timeout=30)
@@ -621,6 +697,8 @@ def _stream(srv, mode: str) -> list:
             out = result.as_numpy("OUT")
             if out is not None:
                 got.append(out[0].decode())
+                if on_response is not None:
+                    on_response(got[-1])
             if response.parameters["triton_final_response"].bool_param:
                 return got
     finally:
@@ -666,3 +744,39 @@ def test_a_tessera_module_generator_ends_its_stream_with_its_error(python_server
     assert sse_events(python_server, "count_py", {"TEXT": "   "}) == [{"error": "TEXT has no words"}]
     assert [e["WORD"] for e in sse_events(python_server, "count_py", {"TEXT": "still here"})] == \
         ["still", "here"]
+
+
+def _two_streams(srv, model: str, input_name: str) -> list:
+    """Starts a stream of three words, and a second once the first has answered: every word in
+    the order it arrived."""
+    arrived, first_came = [], threading.Event()
+
+    def record(word):
+        arrived.append(word)
+        first_came.set()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        a = pool.submit(_stream, srv, "a1 a2 a3", model, input_name, record)
+        assert first_came.wait(30), "the first stream did not answer"
+        b = pool.submit(_stream, srv, "b1 b2 b3", model, input_name, arrived.append)
+        assert (a.result(60), b.result(60)) == (["a1", "a2", "a3"], ["b1", "b2", "b3"])
+    return arrived
+
+
+@pytest.mark.parametrize("model,input_name", [("async_probe", "MODE"), ("async_words", "TEXT")])
+def test_an_async_decoupled_model_interleaves_streams_on_one_instance(python_server, model,
+                                                                      input_name):
+    # One instance: the second stream's words come while the first still awaits between its
+    # own, where a model that held the instance would start the second after the first ended.
+    arrived = _two_streams(python_server, model, input_name)
+    assert arrived.index("b1") < arrived.index("a3"), arrived
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("raise", ["before", "error: raised on purpose"]),
+    ("no-final", ["only", "error: execute returned before the final response was sent"]),
+])
+def test_an_async_decoupled_model_ends_its_stream_with_the_error(python_server, mode, expected):
+    got = _stream(python_server, mode, "async_probe")
+    assert got[:-1] == expected[:-1] and got[-1].startswith(expected[-1]), got
+    assert _stream(python_server, "again", "async_probe") == ["again"]
