@@ -110,63 +110,91 @@ function response(r) {
  * a generator (`function*`): each response it yields goes to the caller as it comes, and the
  * stream ends when it returns; a thrown error ends the stream with that error. A plain function
  * answers with one response, its last. A caller that goes away stops the generator at its next
- * `yield`. A batch's requests stream one after another.
+ * `yield`. The instance's streams take turns, one response each, in the host's `resume` calls
+ * (each runs turns for up to `TURN_MS`), so a long stream does not hold the instance from the
+ * next request.
  */
 export function streaming({ initialize, executeRequest, finalize }) {
   let config = null;
+  let running = []; // { iterator, sender } of each stream whose generator has not ended
   return {
     initialize: initializer(initialize, (parsed) => {
       config = parsed;
     }),
     execute(pairs) {
       for (const [request, sender] of pairs) {
-        try {
-          stream(executeRequest, request, sender, config);
-        } finally {
-          sender[Symbol.dispose]?.();
-        }
+        const iterator = start(executeRequest, request, sender, config);
+        if (iterator) running.push({ iterator, sender });
+        else sender[Symbol.dispose]?.();
       }
     },
     resume() {
-      return null; // every stream ended within execute
+      const end = Date.now() + TURN_MS;
+      while (running.length > 0 && Date.now() < end) {
+        running = running.filter((s) => advance(s) || (s.sender[Symbol.dispose]?.(), false));
+      }
+      return running.length > 0 ? 0 : null;
     },
     finalize() {
+      for (const { iterator, sender } of running) {
+        iterator.return?.();
+        sender[Symbol.dispose]?.();
+      }
+      running = [];
       if (finalize) finalize();
     },
   };
 }
 
+/** How long one `resume` runs the streams' turns before new requests may join. */
+const TURN_MS = 10;
+
 /** A send that did not go through: the caller has gone or the stream has ended. */
 class SendFailed {}
 
-function stream(executeRequest, request, sender, config) {
-  const send = (r, final) => {
-    try {
-      sender.send(response(r), final);
-    } catch (e) {
-      throw new SendFailed(e);
-    }
-  };
-  let produced = null;
+function sendTo(sender, r, final) {
   try {
-    produced = executeRequest(request, config);
-    if (produced == null || typeof produced.next !== "function") {
-      send(produced, true);
-      return;
-    }
-    for (const item of produced) {
-      send(item, false);
-    }
-    sender.finish();
+    sender.send(response(r), final);
   } catch (e) {
-    if (e instanceof SendFailed) return;
-    try {
-      sender.sendError(toWitError(e));
-    } catch {
-      // the caller has gone
+    throw new SendFailed(e);
+  }
+}
+
+function endWith(sender, e) {
+  if (e instanceof SendFailed) return;
+  try {
+    sender.sendError(toWitError(e));
+  } catch {
+    // the caller has gone
+  }
+}
+
+/** Runs `executeRequest`: its generator, to take turns, or null when the stream has ended. */
+function start(executeRequest, request, sender, config) {
+  try {
+    const produced = executeRequest(request, config);
+    if (produced != null && typeof produced.next === "function") return produced;
+    sendTo(sender, produced, true);
+  } catch (e) {
+    endWith(sender, e);
+  }
+  return null;
+}
+
+/** Sends a generator's next response; false once its stream has ended. */
+function advance({ iterator, sender }) {
+  try {
+    const next = iterator.next();
+    if (next.done) {
+      sender.finish();
+      return false;
     }
-  } finally {
-    produced?.return?.(); // a generator stopped early runs its `finally` blocks
+    sendTo(sender, next.value, false);
+    return true;
+  } catch (e) {
+    endWith(sender, e);
+    iterator.return?.(); // a generator stopped early runs its `finally` blocks
+    return false;
   }
 }
 

@@ -192,6 +192,16 @@ def test_the_typescript_examples_type_check_against_the_sdk_types():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+def test_the_js_sdks_own_tests_pass_under_node():
+    # tests/js: the SDK's streaming under node, its WIT imports stubbed (tests/js/wit-stubs.mjs).
+    node = shutil.which("node")
+    assert node, "node is missing (scripts/prepare.sh installs it with the JS tools)"
+    run = subprocess.run([node, "--import", "./tests/js/wit-stubs.mjs", "--test", "tests/js/"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "# fail 0" in run.stdout and "# pass 0" not in run.stdout, run.stdout[-2000:]
+
+
 def test_a_typescript_syntax_error_fails_the_build_with_its_line(tmp_path):
     model = tmp_path / "broken_ts"
     (model / "1").mkdir(parents=True)
