@@ -1293,6 +1293,10 @@ fn prepare(
     } else {
         ModelConfig::default()
     };
+    // Before anything the configuration names is opened.
+    if let Err(e) = config::check_file_names(&config) {
+        return fail(entry, format!("invalid configuration: {e}"));
+    }
     if config.name.is_empty() {
         config.name = name.to_owned();
     } else if config.name != name {
@@ -1431,9 +1435,17 @@ fn read_labels(
         .iter()
         .filter(|o| !o.label_filename.is_empty())
     {
+        // `label_filename` stays inside the model's folder (config::check_file_names).
         let path = model_dir.join(&output.label_filename);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read label file {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            tracing::warn!(path = %path.display(), "cannot read a label file: {e}");
+            format!(
+                "cannot read label file '{}' of output '{}' ({})",
+                output.label_filename,
+                output.name,
+                e.kind()
+            )
+        })?;
         labels.insert(
             output.name.clone(),
             text.lines().map(str::to_owned).collect(),

@@ -42,16 +42,18 @@ fn request(
         use pb::model_warmup::input::InputDataType;
         let data = match &input.input_data_type {
             Some(InputDataType::InputDataFile(file)) => {
+                // `file` stays inside the model's folder (config::check_file_names).
                 let path = model_dir.join("warmup").join(file);
-                let bytes = std::fs::read(&path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let bytes = std::fs::read(&path).map_err(|e| {
+                    tracing::warn!(path = %path.display(), "cannot read a warmup file: {e}");
+                    format!("cannot read warmup/{file} ({})", e.kind())
+                })?;
                 match datatype.size() {
                     Some(_) => TensorData::Raw(bytes.into()),
                     None if count.saturating_mul(bytes.len()) > MAX_WARMUP_INPUT_BYTES => {
                         return Err(format!(
-                            "warmup '{}' input '{name}': {count} copies of {} would exceed {MAX_WARMUP_INPUT_BYTES} bytes",
+                            "warmup '{}' input '{name}': {count} copies of warmup/{file} would exceed {MAX_WARMUP_INPUT_BYTES} bytes",
                             warmup.name,
-                            path.display()
                         ));
                     }
                     // Every element shares the file's one buffer.

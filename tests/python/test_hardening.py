@@ -2,6 +2,7 @@
 wording, bounded gRPC errors and metadata, and KServe error bodies on every route."""
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -81,6 +82,45 @@ def test_bytes_with_nul_and_non_utf8_over_grpc(strings_server):
     inp.set_data_from_numpy(data)
     result = client.infer("string_identity", [inp])
     assert result.as_numpy("TEXT_OUT").tolist() == data.tolist()
+
+
+@pytest.mark.parametrize("field", [
+    'default_model_filename: "/etc/passwd"',
+    'default_model_filename: "../../../../etc/passwd"',
+    'output [ { name: "TEXT_OUT" data_type: TYPE_STRING dims: [ -1 ] label_filename: "/etc/passwd" } ]',
+    'model_warmup [ { name: "w" batch_size: 1 inputs { key: "TEXT" value: { data_type: TYPE_STRING '
+    'dims: [ 1 ] input_data_file: "../../../../../etc/passwd" } } } ]',
+])
+def test_a_config_cannot_make_the_server_read_a_file_outside_the_model(strings_server, field):
+    # A load with a config override (a deployment's config the same): label files, the model
+    # file and warmup data would hand the file back to the caller.
+    text = STRING_IDENTITY_CONFIG.replace(
+        'output [ { name: "TEXT_OUT" data_type: TYPE_STRING dims: [ -1 ] } ]', "")
+    config = text + "\n" + field
+    if "output [" not in config:
+        config += '\noutput [ { name: "TEXT_OUT" data_type: TYPE_STRING dims: [ -1 ] } ]'
+    parsed = _pbtxt_to_json(config)
+    status, _, body = strings_server.post_json(
+        "/v2/repository/models/string_identity/load",
+        {"parameters": {"config": json.dumps(parsed)}})
+    assert status == 400, body
+    error = json.loads(body)["error"]
+    assert "inside the model's folder" in error and "root:" not in error, error
+    # What served goes on serving.
+    client = httpclient.InferenceServerClient(strings_server.url)
+    data = np.array([[b"still"]], dtype=np.object_)
+    inp = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(data)
+    assert client.infer("string_identity", [inp]).as_numpy("TEXT_OUT").tolist() == [[b"still"]]
+
+
+def _pbtxt_to_json(text: str) -> dict:
+    """A config.pbtxt as the JSON a load request's `config` parameter takes."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return json_format.MessageToDict(text_format.Parse(text, model_config_pb2.ModelConfig()),
+                                     preserving_proto_field_name=True)
 
 
 def test_a_version_that_is_not_a_number_gets_tritons_words(server):

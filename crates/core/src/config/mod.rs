@@ -17,7 +17,7 @@ mod autocomplete;
 mod validate;
 
 pub use autocomplete::{ModelSignature, TensorSignature, autocomplete, merge_completion};
-pub use validate::validate;
+pub use validate::{check_file_names, validate};
 
 /// Types generated from `model_config.proto` (package `inference`, as in Triton).
 #[allow(clippy::all, missing_docs)]

@@ -2,12 +2,14 @@
 //! with a message naming the field, not as odd behaviour under traffic.
 
 use std::collections::HashSet;
+use std::path::Component;
 
 use super::{ConfigError, ModelConfig, datatype_from_config};
 use crate::tensor::element_count;
 
 /// Validates the parts of the configuration every backend relies on.
 pub fn validate(config: &ModelConfig) -> Result<(), ConfigError> {
+    check_file_names(config)?;
     let invalid = |m: String| Err(ConfigError::Invalid(m));
     if config.max_batch_size < 0 {
         return invalid(format!(
@@ -81,6 +83,66 @@ pub fn validate(config: &ModelConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Refuses a file name the configuration gives (`default_model_filename`, `cc_model_filenames`,
+/// an output's `label_filename`, a warmup's `input_data_file`) unless it stays inside the model's
+/// folder: relative, without `..`. Whoever may write a configuration (a deployment, a load with
+/// a config override, a handler completing its own) could otherwise make the server read any
+/// file it can read, and hand it back as labels, a model or warmup data. Checked before any of
+/// those files is opened.
+pub fn check_file_names(config: &ModelConfig) -> Result<(), ConfigError> {
+    let mut named: Vec<(String, &str)> = Vec::new();
+    if !config.default_model_filename.is_empty() {
+        named.push((
+            "default_model_filename".into(),
+            &config.default_model_filename,
+        ));
+    }
+    for (key, file) in &config.cc_model_filenames {
+        named.push((format!("cc_model_filenames['{key}']"), file));
+    }
+    for output in config
+        .output
+        .iter()
+        .filter(|o| !o.label_filename.is_empty())
+    {
+        named.push((
+            format!("output '{}' label_filename", output.name),
+            &output.label_filename,
+        ));
+    }
+    for warmup in &config.model_warmup {
+        for (input, data) in &warmup.inputs {
+            if let Some(super::pb::model_warmup::input::InputDataType::InputDataFile(file)) =
+                &data.input_data_type
+            {
+                named.push((
+                    format!(
+                        "model_warmup '{}' input '{input}' input_data_file",
+                        warmup.name
+                    ),
+                    file,
+                ));
+            }
+        }
+    }
+    for (field, file) in named {
+        let inside = !file.contains('\0')
+            && std::path::Path::new(file)
+                .components()
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+            && std::path::Path::new(file)
+                .components()
+                .any(|c| matches!(c, Component::Normal(_)));
+        if !inside {
+            return Err(ConfigError::Invalid(format!(
+                "{field} {file:?} must name a file inside the model's folder (a relative path \
+                 without '..')"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::parse;
@@ -108,5 +170,34 @@ mod tests {
     fn rejects_batching_without_batch_size() {
         let e = check("dynamic_batching { }").expect_err("needs batch");
         assert!(e.to_string().contains("max_batch_size > 0"));
+    }
+
+    #[test]
+    fn file_names_must_stay_inside_the_model_folder() {
+        let base = "input { name: \"a\" data_type: TYPE_FP32 dims: [1] } ";
+        for bad in [
+            "default_model_filename: \"/etc/passwd\"",
+            "default_model_filename: \"../other/1/model.wasm\"",
+            "default_model_filename: \"1/../../x\"",
+            "output { name: \"b\" data_type: TYPE_FP32 dims: [1] label_filename: \"/root/.key\" }",
+            "output { name: \"b\" data_type: TYPE_FP32 dims: [1] label_filename: \"../../tenants.json\" }",
+            "cc_model_filenames { key: \"7.5\" value: \"../x.plan\" }",
+            "model_warmup { name: \"w\" batch_size: 1 inputs { key: \"a\" value { data_type: TYPE_FP32 dims: [1] input_data_file: \"../../../etc/shadow\" } } }",
+            "default_model_filename: \".\"",
+        ] {
+            let e = check(&format!("{base}{bad}")).expect_err(bad);
+            assert!(
+                e.to_string().contains("inside the model's folder"),
+                "{bad}: {e}"
+            );
+        }
+        for good in [
+            "default_model_filename: \"model.wasm\"",
+            "default_model_filename: \"./sub/model.onnx\"",
+            "output { name: \"b\" data_type: TYPE_FP32 dims: [1] label_filename: \"labels.txt\" }",
+            "model_warmup { name: \"w\" batch_size: 1 inputs { key: \"a\" value { data_type: TYPE_FP32 dims: [1] input_data_file: \"a.bin\" } } }",
+        ] {
+            check(&format!("{base}{good}")).expect(good);
+        }
     }
 }
