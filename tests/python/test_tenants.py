@@ -185,3 +185,36 @@ def test_shared_memory_is_the_operators(tenancy):
     assert status == 403, answer
     status, _, _ = srv.request("GET", "/v2/systemsharedmemory/status", None, bearer(ADMIN_KEY))
     assert status == 200
+
+
+def test_a_tenant_named_function_calls_in_its_own_namespace(tenancy):
+    # A function's calls are marked in the call chain; a tenant whose name reads like that
+    # mark must still have its handler's calls resolve among its own models (it has no grant).
+    srv, client, _ = tenancy
+    admin(srv, "POST", "/v1/tenants", {"name": "function"})
+    key = bearer(admin(srv, "POST", "/v1/tenants/function/keys")["key"])
+    config = (MODEL_REPOSITORY / "bls_branch" / "config.pbtxt").read_text()
+    wasm = (MODEL_REPOSITORY / "bls_branch" / "1" / "model.wasm").read_bytes()
+    status, _, body = srv.request(
+        "POST", "/v2/repository/models/bls_branch/load",
+        json.dumps({"parameters": {"config": _config_json(config),
+                                   "file:1/model.wasm": _b64(wasm)}}).encode(),
+        {**key, "Content-Type": "application/json"})
+    assert status == 200, body
+    code, message = refusal(lambda: infer(client, "bls_branch", key, outputs=("OUTPUT",)))
+    # The operator's add_sub is not the tenant's to call: as if it did not exist.
+    assert "add_sub" in message and "unknown model" in message.lower(), (code, message)
+
+
+def _config_json(pbtxt: str) -> str:
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return json.dumps(json_format.MessageToDict(
+        text_format.Parse(pbtxt, model_config_pb2.ModelConfig()), preserving_proto_field_name=True))
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()

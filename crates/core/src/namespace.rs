@@ -17,8 +17,10 @@ use std::fmt;
 /// Separates a tenant's name from a model's or function's name in a key.
 const SEPARATOR: char = '/';
 
-/// How a function appears in a call chain: `function/<key>`.
-const FUNCTION_CALLER: &str = "function/";
+/// How a function appears in a call chain: `function:<key>`. The `:` is in no name, so no
+/// model's key starts so (with `function/` a tenant named `function` could pass its models'
+/// calls off as a function's, and reach the operator's namespace).
+const FUNCTION_CALLER: &str = "function:";
 
 /// A model's or function's key, read: whose it is and the name its owner gave it.
 ///
@@ -150,10 +152,19 @@ mod tests {
         let f = Caller::function_entry("acme/f");
         assert_eq!(Caller::parse(&f).namespace(), Some("acme"));
         assert_eq!(Caller::parse("acme/ens").namespace(), Some("acme"));
-        assert_eq!(Caller::parse("function/f").namespace(), None);
-        assert_eq!(Caller::parse("shared").namespace(), None);
         assert_eq!(
-            shown_chain(["acme/ens", "function/acme/f", "acme/h"]),
+            Caller::parse(&Caller::function_entry("f")).namespace(),
+            None
+        );
+        assert_eq!(Caller::parse("shared").namespace(), None);
+        // A tenant named `function`: its models are models, in its namespace.
+        assert_eq!(
+            Caller::parse("function/m"),
+            Caller::Model(ModelKey::new(Some("function"), "m"))
+        );
+        assert_eq!(Caller::parse("function/m").namespace(), Some("function"));
+        assert_eq!(
+            shown_chain(["acme/ens", &Caller::function_entry("acme/f"), "acme/h"]),
             "ens -> function 'f' -> h"
         );
     }

@@ -149,7 +149,7 @@ impl WasmRuntime {
         }
         // A function has no fuel budget of its own; a metering server's stores need fuel.
         limits.sandbox.fuel_per_execute = self.fuel_metered.then_some(u64::MAX);
-        let counter_key = format!("function/{name}");
+        let counter_key = crate::namespace::Caller::function_entry(name);
         let component: Component = super::cache::load_or_compile(
             &self.engine,
             self.cache_dir.as_deref(),
