@@ -168,6 +168,9 @@ pub struct Server {
     _store_lock: Option<std::fs::File>,
     /// Shared-store changes whose build failed on this replica, by key: the generation.
     shared_failures: Mutex<HashMap<String, FollowFailure>>,
+    /// Held from a tenant's quota check to the end of its deployment, so that deployments sent
+    /// at once cannot each pass the check before any of them counts.
+    tenant_deploys: tokio::sync::Mutex<()>,
 }
 
 /// The statistics of one model version.
@@ -297,6 +300,7 @@ impl Server {
                 tenants,
                 shared_memory: crate::shm::SharedMemory::default(),
                 functions_inference: me.clone(),
+                tenant_deploys: tokio::sync::Mutex::new(()),
                 gpu_metrics,
                 stopping: std::sync::atomic::AtomicBool::new(false),
                 llm_metrics,
@@ -926,10 +930,15 @@ impl Server {
             ))
         })?;
         let mut files = self.check_files(name, request.files)?;
-        if let Some(tenant) = principal.namespace() {
-            let bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
-            self.check_deployment_quota(tenant, Area::Models, key, bytes)?;
-        }
+        let _quota_held = match principal.namespace() {
+            Some(tenant) => {
+                let held = self.tenant_deploys.lock().await;
+                let bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
+                self.check_deployment_quota(tenant, Area::Models, key, bytes)?;
+                Some(held)
+            }
+            None => None,
+        };
         files.push((
             PathBuf::from("config.pbtxt"),
             Bytes::from(crate::config::to_text(&config)),
@@ -1177,9 +1186,14 @@ impl Server {
                 "failed to deploy function '{name}': {size} bytes, over the limit of {limit} (--max-deployment-bytes)"
             )));
         }
-        if let Some(tenant) = principal.namespace() {
-            self.check_deployment_quota(tenant, Area::Functions, name, size as u64)?;
-        }
+        let _quota_held = match principal.namespace() {
+            Some(tenant) => {
+                let held = self.tenant_deploys.lock().await;
+                self.check_deployment_quota(tenant, Area::Functions, name, size as u64)?;
+                Some(held)
+            }
+            None => None,
+        };
         let (outcome, revision) = self
             .functions
             .deploy(&self.wasm, name, upload, self.inference())

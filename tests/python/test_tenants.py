@@ -218,3 +218,28 @@ def _b64(data: bytes) -> str:
     import base64
 
     return base64.b64encode(data).decode()
+
+
+def test_deployments_sent_at_once_stay_within_the_tenants_quota(tenancy):
+    srv, client, _ = tenancy
+    admin(srv, "POST", "/v1/tenants", {"name": "gamma"})
+    key = bearer(admin(srv, "POST", "/v1/tenants/gamma/keys")["key"])
+    admin(srv, "PUT", "/v1/tenants/gamma/quotas", {"max_models": 2})
+    config = (MODEL_REPOSITORY / "add_sub_wasm" / "config.pbtxt").read_text()
+    wasm = _b64((MODEL_REPOSITORY / "add_sub_wasm" / "1" / "model.wasm").read_bytes())
+
+    def deploy(i: int) -> int:
+        body = {"parameters": {"config": _config_json(config.replace('"add_sub_wasm"',
+                                                                     f'"q{i}"')),
+                               "file:1/model.wasm": wasm}}
+        status, _, _ = srv.request("POST", f"/v2/repository/models/q{i}/load",
+                                   json.dumps(body).encode(),
+                                   {**key, "Content-Type": "application/json"}, timeout=120)
+        return status
+
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        statuses = list(pool.map(deploy, range(6)))
+    assert sorted(statuses) == [200, 200, 403, 403, 403, 403], statuses
+    names = {row["name"] for row in client.get_model_repository_index(headers=key)}
+    assert len(names) == 2, names
