@@ -18,6 +18,7 @@
 //! | `--wasm-function-cache-bytes` / `TESSERA_WASM_FUNCTION_CACHE_BYTES` | bytes | 256 MiB | compiled functions kept in memory (Cranelift's incremental cache): a component whose functions were compiled before, in any component, compiles from them. Every Python handler carries the same CPython, so the second one compiles about 3× faster (7.8 s, then 2.4-3.0 s in a release build on 2 cores); one such component fills about 41 MB. 0 turns it off. |
 //! | `--wasm-fuel` / `TESSERA_WASM_FUEL` | on/off | off | meters wasmtime fuel in every guest, so a model may set `fuel_per_execute` (a deterministic CPU budget); without it such a model is refused at load. Metering costs every guest call 13-23 % of its time (measured on a Python handler, docs/benchmarks.md), while `execute_deadline_ms` (epoch interruption, near free) already stops a runaway guest. |
 //! | `--worker-threads` / `TESSERA_WORKER_THREADS` | threads | 0 (one per CPU core) | the async runtime's workers: front-ends, batchers and Wasm guests run on them (ONNX Runtime and the LLM engine have threads of their own). With one per core, a lone request hops between idle workers, each hop a thread wake-up; one worker serves low concurrency with less CPU and more throughput, more workers serve high concurrency (measured: docs/benchmarks.md, "Python models"). |
+//! | `--max-instances-per-model` / `TESSERA_MAX_INSTANCES_PER_MODEL` | instances | 64 | instances one model version may have (`instance_group` counts, times their GPUs); a configuration that asks for more is refused at load, before any is made. Each ONNX instance has a thread and its own session, each Wasm one a pool slot: without a bound, one configuration (a tenant's deployment, a load with a config override) could exhaust the server's threads and memory. |
 //! | `--wasm-max-memory-bytes` / `TESSERA_WASM_MAX_MEMORY_BYTES` | bytes | 4 GiB | the largest `max_memory_bytes` a handler may be given. The pool reserves address space (not memory) for it in every memory slot (two per instance slot), so the reservation is about 2 × instances × this; lower both under `ulimit -v` or in containers that cap address space. |
 
 use std::time::Duration;
@@ -85,6 +86,9 @@ pub struct ServerLimits {
     /// call 13-23 % of its speed).
     #[arg(long, env = "TESSERA_WASM_FUEL", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub wasm_fuel: bool,
+    /// Instances one model version may have (its instance groups' counts, times their GPUs).
+    #[arg(long, env = "TESSERA_MAX_INSTANCES_PER_MODEL", default_value_t = 64)]
+    pub max_instances_per_model: usize,
     /// Threads that run the front-ends, the batchers and the Wasm guests (0: one per CPU core).
     #[arg(long, env = "TESSERA_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
@@ -107,6 +111,7 @@ impl Default for ServerLimits {
             wasm_max_memory_bytes: 4 << 30,
             wasm_function_cache_bytes: 256 << 20,
             wasm_fuel: false,
+            max_instances_per_model: 64,
             worker_threads: 0,
         }
     }
@@ -183,6 +188,7 @@ impl ServerLimits {
                 self.wasm_function_cache_bytes
             ),
             format!("wasm_fuel\t{}", self.wasm_fuel),
+            format!("max_instances_per_model\t{}", self.max_instances_per_model),
             format!("worker_threads\t{}", self.workers()),
             format!(
                 "wasm_address_space_reserved\t{} GiB",

@@ -261,7 +261,7 @@ impl Server {
             None
         };
         let llm_metrics = Arc::new(crate::backend::llm::metrics::EngineRegistry::default());
-        let backends = Backends::new(devices.clone())
+        let backends = Backends::new(devices.clone(), options.limits.max_instances_per_model)
             .with(BackendKind::Onnx, Arc::new(OnnxBackend))
             .with(BackendKind::Wasm, Arc::new(WasmBackend(wasm.clone())))
             .with(

@@ -114,6 +114,22 @@ def test_a_config_cannot_make_the_server_read_a_file_outside_the_model(strings_s
     assert client.infer("string_identity", [inp]).as_numpy("TEXT_OUT").tolist() == [[b"still"]]
 
 
+def test_a_config_asking_for_too_many_instances_is_refused_before_any_is_made(strings_server):
+    config = _pbtxt_to_json(STRING_IDENTITY_CONFIG + "\ninstance_group [ { count: 100000 kind: KIND_CPU } ]")
+    status, _, body = strings_server.post_json(
+        "/v2/repository/models/string_identity/load",
+        {"parameters": {"config": json.dumps(config)}})
+    assert status == 400, body
+    assert "--max-instances-per-model" in json.loads(body)["error"], body
+    # No thread was started for them, and what served goes on serving.
+    threads = len(list(Path(f"/proc/{strings_server.process.pid}/task").iterdir()))
+    assert threads < 200, threads
+    client = httpclient.InferenceServerClient(strings_server.url)
+    inp = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"x"]], dtype=np.object_))
+    assert client.infer("string_identity", [inp]).as_numpy("TEXT_OUT").tolist() == [[b"x"]]
+
+
 def _pbtxt_to_json(text: str) -> dict:
     """A config.pbtxt as the JSON a load request's `config` parameter takes."""
     from google.protobuf import json_format, text_format

@@ -118,13 +118,16 @@ pub struct CompletionContext {
 pub struct Backends {
     kinds: HashMap<BackendKind, Arc<dyn Backend>>,
     devices: Arc<Devices>,
+    /// `--max-instances-per-model`.
+    max_instances: usize,
 }
 
 impl Backends {
-    pub fn new(devices: Arc<Devices>) -> Backends {
+    pub fn new(devices: Arc<Devices>, max_instances: usize) -> Backends {
         Backends {
             kinds: HashMap::new(),
             devices,
+            max_instances,
         }
     }
 
@@ -155,6 +158,13 @@ impl Backends {
             PlacementError::Invalid(m) => LoadError::Invalid(m),
             PlacementError::NoGpu(m) | PlacementError::Unsupported(m) => LoadError::Unsupported(m),
         })?;
+        let instances = placement::instance_count(&placed);
+        if instances > self.max_instances as u64 {
+            return Err(LoadError::Invalid(format!(
+                "instance_group asks for {instances} instances, over this server's limit of {} per model (--max-instances-per-model)",
+                self.max_instances
+            )));
+        }
         Ok(placed)
     }
 

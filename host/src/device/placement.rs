@@ -166,6 +166,23 @@ fn check_resource_scopes(config: &ModelConfig, model: &str) -> Result<(), Placem
     Ok(())
 }
 
+/// How many instances [`slots`] makes of a normalized configuration, counted without making
+/// them (a count may be anything a configuration says).
+pub fn instance_count(config: &ModelConfig) -> u64 {
+    config
+        .instance_group
+        .iter()
+        .map(|group| {
+            let count = u64::try_from(group.count.max(1)).unwrap_or(1);
+            if group.kind == Kind::Gpu as i32 {
+                count.saturating_mul(group.gpus.len() as u64)
+            } else {
+                count
+            }
+        })
+        .fold(0, u64::saturating_add)
+}
+
 /// The instances of a normalized configuration, group by group: for each `count`, one per GPU
 /// listed (Triton's order), or one on the CPU.
 pub fn slots(config: &ModelConfig) -> Vec<InstanceSlot> {
@@ -350,5 +367,27 @@ mod tests {
             checked += 1;
         }
         assert!(checked >= 9, "found {checked} reference configs");
+    }
+
+    #[test]
+    fn the_instance_count_is_what_slots_makes_without_making_them() {
+        for (text, gpus) in [
+            ("instance_group [{ count: 3 kind: KIND_CPU }]", vec![]),
+            (
+                "instance_group [{ count: 2 kind: KIND_GPU }, { count: 1 kind: KIND_CPU }]",
+                vec![0, 1],
+            ),
+            ("", vec![0]),
+        ] {
+            let c = placed(text, &gpus, true).expect("placed");
+            assert_eq!(instance_count(&c), slots(&c).len() as u64, "{text}");
+        }
+        let huge = placed(
+            "instance_group [{ count: 2000000000 kind: KIND_GPU }]",
+            &[0, 1],
+            true,
+        )
+        .expect("placed");
+        assert_eq!(instance_count(&huge), 4_000_000_000);
     }
 }
