@@ -1272,7 +1272,13 @@ fn prepare(
     };
     entry.fingerprint = match fingerprint(path, source.config_override.as_deref()) {
         Ok(f) => f,
-        Err(e) => return fail(entry, format!("cannot read {}: {e}", path.display())),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "cannot read a model directory: {e}");
+            return fail(
+                entry,
+                format!("cannot read {} ({})", path.display(), e.kind()),
+            );
+        }
     };
     let config_path = path.join("config.pbtxt");
     let mut config = if let Some(config) = &source.config_override {
@@ -1379,8 +1385,8 @@ fn prepare(
 
 /// Numeric subfolders of a model directory.
 fn version_folders(path: &Path) -> Result<Vec<i64>, String> {
-    let entries =
-        std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let entries = std::fs::read_dir(path)
+        .map_err(|e| format!("cannot read {} ({})", path.display(), e.kind()))?;
     let mut versions: Vec<i64> = entries
         .flatten()
         .filter(|e| e.path().is_dir())

@@ -876,13 +876,14 @@ impl Server {
         request: LoadRequest,
     ) -> Result<Deployed, ControlError> {
         let key = &self.control_key(principal, "load", name)?;
+        // Messages name the model as its owner does (`shown`); the server works on its key.
         let (shown, name) = (name, key.as_str());
         let config = request
             .config
             .as_deref()
             .map(|json| {
                 let mut config = crate::config::from_json(json)
-                    .map_err(|e| ControlError::Invalid(format!("failed to load '{name}': {e}")))?;
+                    .map_err(|e| ControlError::Invalid(format!("failed to load '{shown}': {e}")))?;
                 if !config.name.is_empty() && config.name != shown {
                     return Err(ControlError::Invalid(format!(
                         "failed to load '{shown}': the config names the model '{}'",
@@ -921,15 +922,15 @@ impl Server {
         }
         let config = config.ok_or_else(|| {
             ControlError::Invalid(format!(
-                "failed to load '{name}': model files need the 'config' parameter too (as in Triton)"
+                "failed to load '{shown}': model files need the 'config' parameter too (as in Triton)"
             ))
         })?;
         let store = self.repository.store().cloned().ok_or_else(|| {
             ControlError::NotAllowed(format!(
-                "failed to load '{name}': this server runs without a deployment store (--store)"
+                "failed to load '{shown}': this server runs without a deployment store (--store)"
             ))
         })?;
-        let mut files = self.check_files(name, request.files)?;
+        let mut files = self.check_files(shown, request.files)?;
         let _quota_held = match principal.namespace() {
             Some(tenant) => {
                 let held = self.tenant_deploys.lock().await;
@@ -973,6 +974,18 @@ impl Server {
                     .map_err(|e| ControlError::Invalid(format!("failed to load '{name}': {e}")))?;
             }
             checked.push((relative, bytes));
+        }
+        // One file's path may not be a folder of another's (`1` beside `1/model.wasm`).
+        let paths: std::collections::HashSet<&std::path::Path> =
+            checked.iter().map(|(p, _)| p.as_path()).collect();
+        for (path, _) in &checked {
+            if let Some(clash) = path.ancestors().skip(1).find(|a| paths.contains(a)) {
+                return Err(ControlError::Invalid(format!(
+                    "failed to load '{name}': '{}' is a file, so it cannot also be the folder of '{}'",
+                    clash.display(),
+                    path.display()
+                )));
+            }
         }
         Ok(checked)
     }

@@ -130,6 +130,27 @@ def test_a_config_asking_for_too_many_instances_is_refused_before_any_is_made(st
     assert client.infer("string_identity", [inp]).as_numpy("TEXT_OUT").tolist() == [[b"x"]]
 
 
+@pytest.mark.parametrize("files,expected", [
+    ({"file:1": b"AAAA", "file:1/model.onnx": None}, "cannot also be the folder"),
+    ({"file:1/model.onnx/": None}, "invalid file path"),
+    ({"file:1/mo\u0000del.onnx": None}, "invalid file path"),
+])
+def test_a_deployments_file_paths_that_cannot_be_files_are_a_400(strings_server, tmp_path,
+                                                                  files, expected):
+    import base64
+
+    model = tmp_path / "m.onnx"
+    _string_identity_model(model)
+    config = _pbtxt_to_json(STRING_IDENTITY_CONFIG.replace('"string_identity"', '"dep1"'))
+    parameters = {"config": json.dumps(config)}
+    for name, data in files.items():
+        parameters[name] = base64.b64encode(data if data is not None else model.read_bytes()).decode()
+    status, _, body = strings_server.post_json("/v2/repository/models/dep1/load",
+                                               {"parameters": parameters})
+    assert status == 400, body
+    assert expected in json.loads(body)["error"], body
+
+
 def _pbtxt_to_json(text: str) -> dict:
     """A config.pbtxt as the JSON a load request's `config` parameter takes."""
     from google.protobuf import json_format, text_format

@@ -184,8 +184,10 @@ pub fn check_key(key: &str) -> Result<(), StoreError> {
 /// A file path inside a model directory: relative, only normal components, no hidden ones.
 pub fn check_relative_path(path: &str) -> Result<PathBuf, StoreError> {
     let parsed = Path::new(path);
+    // A trailing '/' names a directory, and NUL ends a path for the OS: neither is a file name.
     let fine = !path.is_empty()
-        && !path.contains('\\')
+        && !path.contains(['\\', '\0'])
+        && !path.ends_with('/')
         && path.len() <= MAX_PATH_BYTES
         && parsed.components().all(|c| match c {
             Component::Normal(part) => part
@@ -897,6 +899,8 @@ mod tests {
             "1/.git",
             "a\\b",
             "./1/x",
+            "1/model.wasm/",
+            "1/mo\0del.wasm",
         ] {
             assert!(check_relative_path(bad).is_err(), "{bad:?}");
         }

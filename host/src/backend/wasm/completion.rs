@@ -37,8 +37,10 @@ pub async fn complete(
     }
     let (compiling, name) = (runtime.clone(), ctx.name.clone());
     let component = tokio::task::spawn_blocking(move || {
-        let bytes = std::fs::read(&path)
-            .map_err(|e| LoadError::invalid(format!("cannot read {}: {e}", path.display())))?;
+        let bytes = std::fs::read(&path).map_err(|e| {
+            tracing::warn!(path = %path.display(), "cannot read a component: {e}");
+            LoadError::invalid(format!("cannot read {} ({})", path.display(), e.kind()))
+        })?;
         check_component_binary(&path.display().to_string(), &bytes).map_err(LoadError::invalid)?;
         compiling.component_kept_for_load(&bytes, &name)
     })

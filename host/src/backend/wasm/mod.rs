@@ -287,9 +287,12 @@ fn prepare(
     let limits = Limits::from_config(config, runtime.max_memory_bytes, runtime.fuel_metered)
         .map_err(LoadError::invalid)?;
     let bytes = std::fs::read(component_path).map_err(|e| {
+        // The OS's words go to the log; the load error says what (D9).
+        tracing::warn!(path = %component_path.display(), "cannot read a component: {e}");
         LoadError::invalid(format!(
-            "cannot read {}: {e} (build the handler for wasm32-wasip2 and place it there)",
-            component_path.display()
+            "cannot read {} ({}; build the handler for wasm32-wasip2 and place it there)",
+            component_path.display(),
+            e.kind()
         ))
     })?;
     check_component_binary(&component_path.display().to_string(), &bytes)
