@@ -286,6 +286,10 @@ struct ServeArgs {
     /// The largest total size, in bytes, of the files of one deployment (413 beyond).
     #[arg(long, env = "TESSERA_MAX_DEPLOYMENT_BYTES", default_value_t = 256 * 1024 * 1024)]
     max_deployment_bytes: usize,
+    /// The `name` in the server metadata (`GET /v2`). Clients that check for Triton's (its own
+    /// health-and-metadata examples do) pass with `--server-name triton`.
+    #[arg(long, env = "TESSERA_SERVER_NAME", default_value = "tessera")]
+    server_name: String,
     /// KServe v2 gRPC port (Triton's `inference.GRPCInferenceService`).
     #[arg(long, default_value_t = 8001)]
     grpc_port: u16,
@@ -688,6 +692,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     options.max_deployment_bytes = serve.max_deployment_bytes;
     options.function_dirs = serve.functions.clone();
     options.admin_key = admin_key(serve.admin_key_file.as_deref())?;
+    options.server_name = serve.server_name.clone();
     let trace = TraceConfig::parse(&serve.trace_config)?;
     let (server, tracing) = start_core(&args, options, Some(&trace)).await?;
     let broken: Vec<_> = server

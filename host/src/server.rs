@@ -91,6 +91,8 @@ pub struct ServerOptions {
     pub function_dirs: Vec<PathBuf>,
     /// `TESSERA_ADMIN_KEY` / `--admin-key-file`: turns tenancy on (it needs the store).
     pub admin_key: Option<AdminKey>,
+    /// `--server-name`: the `name` of the server metadata (empty: "tessera").
+    pub server_name: String,
 }
 
 /// Why a function invocation got no answer from the function.
@@ -181,6 +183,14 @@ pub struct VersionStatistics {
 }
 
 impl Server {
+    /// The `name` the server metadata (`GET /v2`, gRPC `ServerMetadata`) answers with.
+    pub fn name(&self) -> &str {
+        match self.options.server_name.as_str() {
+            "" => "tessera",
+            name => name,
+        }
+    }
+
     /// Creates the server and loads every model of the repositories.
     pub async fn start(options: ServerOptions) -> anyhow::Result<Arc<Server>> {
         // Before the stores open: it removes what a crash left of a deleted tenant.

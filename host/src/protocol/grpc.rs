@@ -315,7 +315,7 @@ impl GrpcInferenceService for Grpc {
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
         self.principal(&request)?;
         Ok(Response::new(pb::ServerMetadataResponse {
-            name: "tessera".into(),
+            name: self.server.name().into(),
             version: env!("CARGO_PKG_VERSION").into(),
             extensions: super::http::EXTENSIONS
                 .iter()

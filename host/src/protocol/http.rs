@@ -413,9 +413,9 @@ async fn health_method_not_allowed() -> Response {
         .into_response()
 }
 
-async fn server_metadata() -> Response {
+async fn server_metadata(State(s): State<AppState>) -> Response {
     json_ok(
-        json!({ "name": "tessera", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
+        json!({ "name": s.server.name(), "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
     )
 }
 
