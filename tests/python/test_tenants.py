@@ -243,3 +243,18 @@ def test_deployments_sent_at_once_stay_within_the_tenants_quota(tenancy):
     assert sorted(statuses) == [200, 200, 403, 403, 403, 403], statuses
     names = {row["name"] for row in client.get_model_repository_index(headers=key)}
     assert len(names) == 2, names
+
+
+def test_a_refusal_before_the_body_is_read_says_the_connection_closes(tenancy):
+    srv, _, keys = tenancy
+    big = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+                                  "data": [0.0] * 16}], "pad": "x" * 65536}).encode()
+    status, headers, _ = srv.request("POST", "/v2/models/add_sub/infer", big)
+    assert status == 401 and headers.get("connection") == "close", (status, headers)
+    # An answer after the body was read keeps the connection.
+    body = json.dumps({"inputs": [
+        {"name": n, "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}
+        for n in ("INPUT0", "INPUT1")]}).encode()
+    status, headers, _ = srv.request("POST", "/v2/models/add_sub/infer", body,
+                                     bearer(keys["acme"]))
+    assert status == 200 and "connection" not in headers, (status, headers)

@@ -56,7 +56,69 @@ pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Rou
             state.clone(),
             authenticate,
         ));
-    needs_key.merge(health_routes()).with_state(state)
+    needs_key
+        .merge(health_routes())
+        .layer(axum::middleware::from_fn(close_when_body_unread))
+        .with_state(state)
+}
+
+/// An answer given without reading the request's body (a 401, an unknown route, a refusal
+/// before the body was needed) ends the connection: hyper closes a connection whose body was
+/// left unread, and the client must know it then, with `Connection: close`, rather than find
+/// it out by writing its next request into a closed socket. Functions read their bodies as
+/// they stream, after their answer may have started: they are left out.
+async fn close_when_body_unread(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use http_body::Body as _;
+    if request.body().is_end_stream() || request.uri().path().starts_with("/v1/functions/") {
+        return next.run(request).await;
+    }
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let request = request.map(|inner| {
+        Body::new(ReadToEnd {
+            inner,
+            ended: ended.clone(),
+        })
+    });
+    let mut response = next.run(request).await;
+    if !ended.load(std::sync::atomic::Ordering::Relaxed) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A request body that notes when it has been read to its end.
+struct ReadToEnd {
+    inner: Body,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl http_body::Body for ReadToEnd {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// KServe v2 and Triton's extensions, the admin API: every error answer has a KServe body.
