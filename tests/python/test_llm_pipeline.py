@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import queue
 
 import numpy as np
@@ -263,6 +264,28 @@ def test_a_closed_openai_stream_frees_its_engine_slot(server):
         conn.close()  # the client goes away mid-stream
     wait_for(lambda: metric(server, "tessera_llm_sequences_running", model="tensorrt_llm") == 0,
              timeout=30)
+
+
+@pytest.mark.parametrize("path, body", [
+    # At least 1,000 tokens (about ten seconds here): the slot frees long before they are done.
+    ("/v2/models/tensorrt_llm_bls/generate", {"text_input": "Once upon a time",
+                                              "max_tokens": 1000, "min_tokens": 1000}),
+    ("/v1/completions", {"model": BLS, "prompt": "Once upon a time", "max_tokens": 1000,
+                         "min_tokens": 1000}),
+])
+def test_a_client_leaving_a_unary_generation_frees_its_engine_slot(server, path, body):
+    """A caller that waits for one answer and goes away mid-generation: the BLS handler
+    holds the engine's stream for it, and is resumed to see the caller gone and drop it (it
+    was not: the sequence sat in its slot, paused, for good)."""
+    for _ in range(3):
+        sock = socket.create_connection((server.host, server.http_port))
+        data = json.dumps(body).encode()
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        wait_for(lambda: metric(server, "tessera_llm_sequences_running", model="tensorrt_llm") >= 1)
+        sock.close()
+        wait_for(lambda: metric(server, "tessera_llm_sequences_running", model="tensorrt_llm") == 0,
+                 timeout=3)
 
 
 @pytest.mark.parametrize("body, says", [

@@ -141,6 +141,12 @@ impl Bls {
 
     /// Forwards what has arrived for one generation. Returns true when it is over.
     fn forward(&self, g: &mut Generation) -> bool {
+        // The caller has gone: drop the generation now, and with it the engine's stream (its
+        // sequence slot frees at the engine's next step). A non-streaming caller would
+        // otherwise be noticed only at the end, when its one response fails to send.
+        if g.sender.as_ref().is_none_or(ResponseSender::is_cancelled) {
+            return true;
+        }
         loop {
             let response = match g.engine.try_next() {
                 Polled::Pending => return false,

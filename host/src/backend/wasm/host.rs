@@ -259,6 +259,9 @@ impl AsyncWrite for OutputSink {
 pub struct Streams {
     /// The senders the guest holds, by resource index; removed when it drops them.
     open: HashMap<u32, ResponseSender>,
+    /// Held senders whose callers went away after which the guest has run (a `resume` or an
+    /// `execute`), so it could see they had: no more work for the instance.
+    noticed: std::collections::HashSet<u32>,
     /// The BLS streams the guest reads (`infer-stream`), by resource index.
     reading: std::collections::BTreeSet<u32>,
     /// Time sends spent waiting for readers (not charged to the execution deadline).
@@ -272,6 +275,7 @@ impl Streams {
     pub fn new(max_output_bytes: usize, max_send_wait: std::time::Duration) -> Streams {
         Streams {
             open: HashMap::new(),
+            noticed: std::collections::HashSet::new(),
             reading: std::collections::BTreeSet::new(),
             blocked: Arc::default(),
             max_send_wait,
@@ -287,16 +291,38 @@ impl Streams {
     /// The guest dropped resource `rep`.
     pub(super) fn release(&mut self, rep: u32) {
         self.open.remove(&rep);
+        self.noticed.remove(&rep);
     }
 
-    /// Whether a sender the guest holds has not sent its final response.
-    /// Whether a sender the guest holds still has a caller waiting: not finished, not
-    /// cancelled. Streams whose callers have gone give the instance no work, so a guest that
-    /// keeps such a sender is not resumed for it (its next send fails with `cancelled`).
+    /// Whether the guest has work: a sender it holds has a caller waiting, or a caller went
+    /// away since the guest last ran. The guest is resumed once after a caller leaves, so it
+    /// can see it (`is-cancelled`, a send that fails) and let go of what it holds for that
+    /// request, such as a stream from an LLM engine whose sequence slot stays taken until the
+    /// stream is dropped. A guest that keeps a sender after that is not resumed for it again.
     pub fn any_open(&self) -> bool {
         self.open
+            .iter()
+            .any(|(rep, s)| !s.is_finished() && (!s.is_cancelled() || !self.noticed.contains(rep)))
+    }
+
+    /// The guest has run: the cancellations so far are its to have seen.
+    pub(super) fn guest_ran(&mut self) {
+        let cancelled: Vec<u32> = self
+            .open
+            .iter()
+            .filter(|(_, s)| !s.is_finished() && s.is_cancelled())
+            .map(|(rep, _)| *rep)
+            .collect();
+        self.noticed.extend(cancelled);
+    }
+
+    /// The held senders whose callers are still there: the instance wakes when one leaves.
+    pub fn waiting_callers(&self) -> Vec<ResponseSender> {
+        self.open
             .values()
-            .any(|s| !s.is_finished() && !s.is_cancelled())
+            .filter(|s| !s.is_finished() && !s.is_cancelled())
+            .cloned()
+            .collect()
     }
 
     /// Ends every stream still open with `error` (the guest trapped, or has nothing more to do).

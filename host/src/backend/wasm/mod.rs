@@ -572,7 +572,24 @@ impl ModelInstance for WasmInstance {
         async move {
             match self.live.as_mut() {
                 Some(live) => {
-                    std::future::poll_fn(|cx| live.store.data_mut().poll_streams_ready(cx)).await
+                    // A BLS stream has more, or a caller went away (the guest lets go of what
+                    // it holds for it).
+                    let callers = live.store.data().streams.waiting_callers();
+                    let caller_left = async {
+                        if callers.is_empty() {
+                            std::future::pending::<()>().await;
+                        }
+                        futures::future::select_all(
+                            callers.iter().map(|s| Box::pin(s.cancelled())),
+                        )
+                        .await;
+                    };
+                    let streams_ready =
+                        std::future::poll_fn(|cx| live.store.data_mut().poll_streams_ready(cx));
+                    tokio::select! {
+                        () = streams_ready => {}
+                        () = caller_left => {}
+                    }
                 }
                 None => std::future::pending().await,
             }
@@ -822,6 +839,7 @@ impl WasmInstance {
         drop(running);
         let host = live.store.data_mut();
         host.flush_output(&self.pre.name, self.pre.version);
+        host.streams.guest_ran();
         match outcome {
             Some(Ok(after)) => {
                 host.end_execution();
