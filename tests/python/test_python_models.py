@@ -246,6 +246,25 @@ input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
+# Returns N zeros: each returned buffer stays in the guest's memory (componentize-py 0.25 frees
+# no returned list<u8>), so the server replaces the instance before it reaches its limit.
+BIG_OUTPUT = '''
+import numpy as np
+import tessera
+
+
+class Big(tessera.Handler):
+    def execute(self, request):
+        return {"F": np.zeros((int(request.numpy("N")[0]),), dtype=np.float32)}
+'''
+BIG_OUTPUT_CONFIG = '''
+name: "big_output"
+backend: "wasm"
+max_batch_size: 0
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "F" data_type: TYPE_FP32 dims: [ -1 ] } ]
+parameters: { key: "max_memory_bytes" value: { string_value: "67108864" } }
+'''
 # A model.py whose auto_complete_config misbehaves as its configuration's `mode` parameter says;
 # with mode "ok" it completes its configuration and serves.
 COMPLETION_PROBE = '''
@@ -326,7 +345,8 @@ def python_server():
     (repo / "decoupled_probe" / "config.pbtxt").write_text(DECOUPLED_PROBE_CONFIG)
     (repo / "decoupled_probe" / "1" / "model.py").write_text(DECOUPLED_PROBE)
     for name, source, config in (("async_probe", ASYNC_PROBE, ASYNC_PROBE_CONFIG),
-                                 ("async_words", ASYNC_WORDS, ASYNC_WORDS_CONFIG)):
+                                 ("async_words", ASYNC_WORDS, ASYNC_WORDS_CONFIG),
+                                 ("big_output", BIG_OUTPUT, BIG_OUTPUT_CONFIG)):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)
         (repo / name / "1" / "model.py").write_text(source)
@@ -346,7 +366,7 @@ def python_server():
     models = ("add_sub", "bls_sync", "bls_async", "sandbox_probe", "add_sub_py", "bls_py",
               "count_py", "square_int32", "repeat_int32", "decoupled_probe", "bls_decoupled_sync",
               "custom_metrics", "nobatch_auto_complete", "batch_auto_complete", "async_probe",
-              "async_words")
+              "async_words", "big_output")
     folders = [repo / m for m in models] + [completion / "completion_probe"]
     # Two builds at a time: componentize-py works mostly on one core.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -366,7 +386,7 @@ def python_server():
                       "add_sub_py", "bls_py", "count_py", "square_int32", "repeat_int32",
                       "decoupled_probe", "bls_decoupled_sync", "custom_metrics",
                       "nobatch_auto_complete", "batch_auto_complete", "async_probe",
-                      "async_words"):
+                      "async_words", "big_output"):
             assert srv.request("GET", f"/v2/models/{model}/ready")[0] == 200, model
         srv.repo = repo  # the built models, for the deploy test
         srv.completion_repo = completion
@@ -780,3 +800,14 @@ def test_an_async_decoupled_model_ends_its_stream_with_the_error(python_server, 
     got = _stream(python_server, mode, "async_probe")
     assert got[:-1] == expected[:-1] and got[-1].startswith(expected[-1]), got
     assert _stream(python_server, "again", "async_probe") == ["again"]
+
+
+def test_an_instance_whose_memory_only_grows_is_replaced_before_its_limit(python_server):
+    # 160 outputs of 1 MiB against a 64 MiB limit: every one answered.
+    body = {"inputs": [{"name": "N", "shape": [1], "datatype": "INT32", "data": [262144]}],
+            "outputs": [{"name": "F", "parameters": {"binary_data": True}}]}
+    for i in range(160):
+        status, _, answer = python_server.post_json("/v2/models/big_output/infer", body)
+        assert status == 200, (i, answer[:300])
+    assert metric(python_server, "tessera_wasm_memory_replacements_total", model="big_output") >= 1
+    assert metric(python_server, "tessera_wasm_memory_kills_total", model="big_output") == 0

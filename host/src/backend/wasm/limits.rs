@@ -219,6 +219,8 @@ pub struct Counters {
     pub deadline_kills: AtomicU64,
     pub fuel_kills: AtomicU64,
     pub memory_kills: AtomicU64,
+    /// Instances replaced between calls as their memory neared the limit.
+    pub memory_replacements: AtomicU64,
     pub compile_cache_hits: AtomicU64,
     pub compile_cache_misses: AtomicU64,
     pub memory_high_water_bytes: AtomicU64,
@@ -241,7 +243,7 @@ type Family = (
     &'static str,
     fn(&Counters) -> &AtomicU64,
 );
-const FAMILIES: [Family; 10] = [
+const FAMILIES: [Family; 11] = [
     (
         "tessera_wasm_instantiations_total",
         "counter",
@@ -271,6 +273,12 @@ const FAMILIES: [Family; 10] = [
         "counter",
         "Wasm executions stopped at their memory limit",
         |c| &c.memory_kills,
+    ),
+    (
+        "tessera_wasm_memory_replacements_total",
+        "counter",
+        "Wasm instances replaced between calls as their memory passed 3/4 of max_memory_bytes",
+        |c| &c.memory_replacements,
     ),
     (
         "tessera_wasm_compile_cache_hits_total",

@@ -696,6 +696,7 @@ impl WasmInstance {
                         Err(e) => Err(convert::error_from_wit(e, limits.max_output_bytes)),
                     })
                     .collect();
+                self.replace_if_grown();
                 Executed {
                     results,
                     timing: timing(Instant::now()),
@@ -850,6 +851,7 @@ impl WasmInstance {
                     )));
                 }
                 self.live = Some(live);
+                self.replace_if_grown();
                 after.map(|ms| Duration::from_millis(u64::from(ms)))
             }
             Some(Err(trap)) => {
@@ -881,6 +883,60 @@ fn call_chain(batch: &[Call], model: &str) -> Vec<String> {
     chain
 }
 
+impl WasmInstance {
+    /// Replaces the live instance, between calls, once its linear memory has grown past three
+    /// quarters of `max_memory_bytes`: the next call starts a fresh one (with `initialize`),
+    /// instead of a later call failing at the limit. Guests whose memory only grows are not
+    /// rare: componentize-py 0.25 never frees the buffers of a returned `list<u8>`, so a Python
+    /// handler leaks the size of every output it returns. A decoupled instance is replaced
+    /// only when it holds no stream.
+    fn replace_if_grown(&mut self) {
+        let Some(live) = self.live.as_ref() else {
+            return;
+        };
+        let host = live.store.data();
+        let limit = self.pre.limits.max_memory_bytes;
+        if host.limiter.high_water <= limit / 4 * 3 || host.streams.any_open() {
+            return;
+        }
+        tracing::info!(
+            model = self.pre.name,
+            version = self.pre.version,
+            "replacing an instance whose memory reached {} of its {limit} bytes",
+            host.limiter.high_water
+        );
+        self.pre
+            .counters
+            .memory_replacements
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(live) = self.live.take() {
+            self.finalize_in_background(live, || {});
+        }
+    }
+
+    /// Runs `finalize` on the runtime (unload, shutdown, replacement), then `done`; the server
+    /// waits for these at shutdown (`WasmRuntime::drain`).
+    fn finalize_in_background(&self, mut live: Live, done: impl FnOnce() + Send + 'static) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return done();
+        };
+        let deadline = self.pre.limits.execute_deadline;
+        let limits_metered = self.pre.limits.fuel_per_execute.is_some();
+        let (name, version) = (self.pre.name.clone(), self.pre.version);
+        handle.spawn(async move {
+            live.store.set_epoch_deadline(1);
+            if limits_metered {
+                let _ = live.store.set_fuel(u64::MAX);
+            }
+            let call = live.bindings.finalize(&mut live.store);
+            let _ = tokio::time::timeout(deadline, call).await;
+            live.store.data_mut().flush_output(&name, version);
+            drop(live);
+            done();
+        });
+    }
+}
+
 impl Drop for WasmInstance {
     fn drop(&mut self) {
         let (counters, instances) = (self.pre.counters.clone(), self.pre.instances.clone());
@@ -893,26 +949,10 @@ impl Drop for WasmInstance {
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             instances.dropped.notify_waiters();
         };
-        // `finalize` is async: run it on the runtime (unload, shutdown); the server waits for
-        // these at shutdown (`WasmRuntime::drain`). A trapped instance has nothing to finalize.
-        match (self.live.take(), tokio::runtime::Handle::try_current()) {
-            (Some(mut live), Ok(handle)) => {
-                let deadline = self.pre.limits.execute_deadline;
-                let limits_metered = self.pre.limits.fuel_per_execute.is_some();
-                let (name, version) = (self.pre.name.clone(), self.pre.version);
-                handle.spawn(async move {
-                    live.store.set_epoch_deadline(1);
-                    if limits_metered {
-                        let _ = live.store.set_fuel(u64::MAX);
-                    }
-                    let call = live.bindings.finalize(&mut live.store);
-                    let _ = tokio::time::timeout(deadline, call).await;
-                    live.store.data_mut().flush_output(&name, version);
-                    drop(live);
-                    done();
-                });
-            }
-            _ => done(),
+        // A trapped instance has nothing to finalize.
+        match self.live.take() {
+            Some(live) => self.finalize_in_background(live, done),
+            None => done(),
         }
     }
 }
