@@ -49,7 +49,7 @@ def _initialize(config_json: str) -> None:
         instance = _HANDLER_CLASS()
         instance.initialize(json.loads(config_json))
         _instance = instance
-    except Exception as e:  # noqa: BLE001 - reported as the load error, with the trace
+    except wire.USER_FAILURES as e:  # noqa: BLE001 - reported as the load error, with the trace
         raise wire.Err(f"initialize failed: {type(e).__name__}: {e}\n"
                        f"{traceback.format_exc(limit=8)}") from None
 
@@ -74,7 +74,7 @@ if hasattr(exports, "Handler"):  # the `model` world
                 answers = _instance.execute_batch(batch)
             except tessera.Error as e:
                 answers = [e] * len(batch)
-            except Exception as e:  # noqa: BLE001 - an execute_batch of the user's own failed
+            except wire.USER_FAILURES as e:  # noqa: BLE001 - an execute_batch of the user's own failed
                 answers = [tessera.Internal(f"{type(e).__name__}: {e}")] * len(batch)
             if answers is None or len(answers) != len(batch):
                 got = "None" if answers is None else str(len(answers))
@@ -141,7 +141,7 @@ class _Streams:
         emitter = _Emitter(sender, wanted)
         try:
             produced = _instance.execute(request)
-        except Exception as e:  # noqa: BLE001 - ends this request's stream only
+        except wire.USER_FAILURES as e:  # noqa: BLE001 - ends this request's stream only
             _end_with_exception(sender, e)
             return
         if inspect.isasyncgen(produced) or asyncio.iscoroutine(produced):
@@ -184,7 +184,7 @@ def _advance(iterator, emitter: _Emitter) -> bool:
         return False
     except wire.SendError:
         pass  # the caller has gone, or the stream ended: stop producing
-    except Exception as e:  # noqa: BLE001 - ends this request's stream only
+    except wire.USER_FAILURES as e:  # noqa: BLE001 - ends this request's stream only
         _end_with_exception(emitter.sender, e)
     _close(iterator)
     return False

@@ -514,7 +514,15 @@ class ndarray:
         if isinstance(other, (list, tuple)):
             other = array(other)
         if compare and isinstance(other, (bool, int, float)):
-            # A comparison takes the scalar's exact value, in range of the dtype or not.
+            # An integer array compares with the scalar's exact value, in range of the dtype or
+            # not; a float array with the scalar cast to its dtype first (numpy 2's rule for
+            # Python scalars, NEP 50): float32 `0.7 >= 0.7` holds.
+            if self.dtype.kind == "f" and self.dtype is not float64:
+                other = _round_floats([float(other)], self.dtype)[0]
+            values = op(self._data, [other] * self.size, None)
+            return ndarray._of(values, self.shape, bool_)
+        if compare and self.dtype.kind == "O" and isinstance(other, (bytes, str, type(None))):
+            # Elementwise, as numpy compares an object array with a scalar.
             values = op(self._data, [other] * self.size, None)
             return ndarray._of(values, self.shape, bool_)
         if isinstance(other, ndarray):
@@ -785,6 +793,17 @@ class _Result(list):
         self.dtype = d
 
 
+def _from_python(v, d: dtype):
+    """A Python value as an element of `d`. A Python int out of an integer dtype's range is an
+    OverflowError, as in numpy 2 (an array's astype wraps; a literal does not)."""
+    if d.kind in "iu" and type(v) is int:
+        low, high = (0, (1 << d.bits) - 1) if d.kind == "u" else \
+            (-(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1)
+        if not low <= v <= high:
+            raise OverflowError(f"Python integer {v} out of bounds for {d.name}")
+    return _cast_scalar(v, _kind_of_value(v), d)
+
+
 def array(obj, dtype=None) -> ndarray:
     """An array from nested lists, scalars or another array, as `np.array` makes it."""
     if isinstance(obj, ndarray):
@@ -796,17 +815,23 @@ def array(obj, dtype=None) -> ndarray:
         kinds = {_kind_of_value(v) for v in flat}
         d = (object_ if "O" in kinds else float64 if "f" in kinds else int64 if "i" in kinds
              else bool_ if kinds else float64)
+        if d is int64 and any(type(v) is int and not -(1 << 63) <= v < 1 << 63 for v in flat):
+            # As numpy: each int is int64, else uint64, else a Python int; uint64s alone stay
+            # uint64, with int64s they make float64.
+            kinds = {"i" if -(1 << 63) <= v < 1 << 63 else "u" if 0 <= v < 1 << 64 else "O"
+                     for v in flat if type(v) is int}
+            d = object_ if "O" in kinds else uint64 if kinds == {"u"} else float64
         if d is object_:
             return ndarray._of(flat, shape, object_)
     else:
         d = as_dtype(dtype)
-    return ndarray._of([_cast_scalar(v, _kind_of_value(v), d) for v in flat], shape, d)
+    return ndarray._of([_from_python(v, d) for v in flat], shape, d)
 
 
 def full(shape, value, dtype=None) -> ndarray:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     d = as_dtype(dtype) if dtype is not None else as_dtype(type(value))
-    return ndarray._of([_cast_scalar(value, _kind_of_value(value), d)] * _size(shape), shape, d)
+    return ndarray._of([_from_python(value, d)] * _size(shape), shape, d)
 
 
 def zeros(shape, dtype=float64) -> ndarray:

@@ -72,7 +72,7 @@ def _initialize(config_json: str) -> None:
         if hasattr(model, "initialize"):
             model.initialize(args)
         _model = model
-    except Exception as e:  # noqa: BLE001 - reported as the load error, with the trace
+    except wire.USER_FAILURES as e:  # noqa: BLE001 - reported as the load error, with the trace
         raise wire.Err(f"initialize failed: {type(e).__name__}: {e}\n"
                        f"{traceback.format_exc(limit=8)}") from None
 
@@ -107,7 +107,7 @@ if hasattr(exports, "Handler"):  # the `model` world
             pb_requests = [pb_utils.InferenceRequest._from_wire(r) for r in wire_requests]
             try:
                 responses = _execute(pb_requests)
-            except Exception as e:  # noqa: BLE001 - Triton fails every request of the batch
+            except wire.USER_FAILURES as e:  # noqa: BLE001 - Triton fails every request of the batch
                 return [wire.Err(wire.error_to_wit("internal", _message(e))) for _ in requests]
             if responses is None or len(responses) != len(requests):
                 got = "None" if responses is None else str(len(responses))
@@ -148,7 +148,7 @@ if hasattr(exports, "DecoupledHandler"):  # the `decoupled-model` world
                 if returned is not None:
                     failure = ("a decoupled model's execute must return None and send its "
                                "responses through request.get_response_sender()")
-            except Exception as e:  # noqa: BLE001 - ends every open stream of the batch
+            except wire.USER_FAILURES as e:  # noqa: BLE001 - ends every open stream of the batch
                 failure = _message(e)
             for sender in senders:
                 tessera_loop.end_stream(sender, failure or tessera_loop.NO_FINAL)
@@ -174,7 +174,7 @@ if hasattr(exports, "ConfigCompletion"):  # built for a model.py with auto_compl
                 return config_json
             try:
                 returned = complete(pb_utils.ModelConfig(config_json))
-            except Exception as e:  # noqa: BLE001 - reported as the load error, with the trace
+            except wire.USER_FAILURES as e:  # noqa: BLE001 - reported as the load error, with the trace
                 raise wire.Err(f"{type(e).__name__}: {e}\n"
                                f"{traceback.format_exc(limit=8)}") from None
             if not isinstance(returned, pb_utils.ModelConfig):

@@ -46,6 +46,12 @@ def _is_real_numpy(np) -> bool:
     return not getattr(np, "__tessera_stand_in__", False)
 
 
+# What a model's code may raise that answers its request(s) with an error. `sys.exit()` and
+# `KeyboardInterrupt` are not `Exception`s; uncaught, they would trap the instance, and the
+# client would read only "unreachable instruction executed".
+USER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
 class InferError(Exception):
     """An error the host answered a call with: its WIT kind (`invalid-input`, ...) and message."""
 

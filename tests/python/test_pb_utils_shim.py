@@ -552,3 +552,37 @@ def test_model_config_completes_as_tritons():
     sequence = pb_utils.ModelConfig({"name": "m", "sequence_batching": {}})
     with pytest.raises(ValueError, match="sequence_batching"):
         sequence.set_dynamic_batching()
+
+
+@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("scalar", [0.1, 0.7, 1e-8, 3, True])
+def test_a_float_array_compares_with_a_python_scalar_cast_to_its_dtype(name, scalar):
+    # numpy 2 (NEP 50): the Python scalar takes the array's dtype first, so float32 0.7 >= 0.7.
+    values = [0.1, 0.7, 1e-8, 3.0, 1.0, -2.5]
+    real, ours = np.array(values, dtype=name), tnp.array(values, dtype=name)
+    for op in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
+        same(getattr(real, op)(scalar), getattr(ours, op)(scalar), f"{name} {op} {scalar!r}")
+
+
+def test_an_object_array_compares_elementwise_with_bytes_str_and_none():
+    real = np.array([b"x", b"y", None], dtype=np.object_)
+    ours = tnp.array([b"x", b"y", None], dtype="object_")
+    for scalar in (b"x", "x", None):
+        assert (ours == scalar).tolist() == (real == scalar).tolist(), scalar
+        assert (ours != scalar).tolist() == (real != scalar).tolist(), scalar
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: m.array([300], dtype="uint8"), lambda m: m.array([-1], dtype="uint32"),
+    lambda m: m.full(3, 300, dtype="uint8"), lambda m: m.array([[1, 128]], dtype="int8"),
+])
+def test_a_python_int_out_of_the_dtypes_range_is_an_overflow_error_as_in_numpy(make):
+    with pytest.raises(OverflowError):
+        make(np)
+    with pytest.raises(OverflowError):
+        make(tnp)
+
+
+@pytest.mark.parametrize("values", [[2**63], [2**64 - 1, 0], [-1, 2**63], [2**64], [1, -(2**63)]])
+def test_python_ints_past_int64_take_numpys_dtype(values):
+    assert tnp.array(values).dtype.name == np.array(values).dtype.name, values
