@@ -83,12 +83,18 @@ export function model({ initialize, execute, executeRequest, finalize }) {
           const err = { kind: "internal", message: "execute must return one result per request" };
           return requests.map(() => ({ tag: "err", val: err }));
         }
-        return results.map((r) => (r instanceof Error ? { tag: "err", val: toWitError(r) }
-          : { tag: "ok", val: response(r) }));
+        return results.map((r) => {
+          try {
+            return r instanceof Error ? { tag: "err", val: toWitError(r) }
+              : { tag: "ok", val: answer(r, "execute") };
+          } catch (e) {
+            return { tag: "err", val: toWitError(e) };
+          }
+        });
       }
       return requests.map((request) => {
         try {
-          return { tag: "ok", val: response(executeRequest(request, config)) };
+          return { tag: "ok", val: answer(executeRequest(request, config), "executeRequest") };
         } catch (e) {
           return { tag: "err", val: toWitError(e) };
         }
@@ -102,6 +108,17 @@ export function model({ initialize, execute, executeRequest, finalize }) {
 
 function response(r) {
   return { outputs: r?.outputs ?? [], parameters: r?.parameters ?? [] };
+}
+
+/** A handler's answer, checked: a response object, not nothing and not a Promise. */
+function answer(r, by) {
+  if (r == null || typeof r !== "object") {
+    throw new Error(`${by} returned ${r === null ? "null" : typeof r} where a response ({ outputs }) is due`);
+  }
+  if (typeof r.then === "function") {
+    throw new Error(`${by} returned a Promise: handlers run synchronously (the host does not enable component-model async)`);
+  }
+  return response(r);
 }
 
 /**

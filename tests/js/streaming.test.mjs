@@ -93,3 +93,16 @@ test("a plain function answers with one final response", () => {
   assert.equal(once.resume(), null);
   assert.deepEqual(log, [["one", "only", true], ["one", "disposed"]]);
 });
+
+test("a unary handler that answers with nothing or a Promise fails the request", async () => {
+  const { model } = await import("../../guest-sdk-js/src/index.js");
+  for (const [value, says] of [[null, "returned null"], [undefined, "returned undefined"],
+    [new Promise(() => {}), "returned a Promise"]]) {
+    const handler = model({ executeRequest: () => value });
+    const [result] = handler.execute([{}]);
+    assert.equal(result.tag, "err");
+    assert.match(result.val.message, new RegExp(says));
+  }
+  const ok = model({ executeRequest: () => ({ outputs: ["x"] }) });
+  assert.deepEqual(ok.execute([{}]), [{ tag: "ok", val: { outputs: ["x"], parameters: [] } }]);
+});
