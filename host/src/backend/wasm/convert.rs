@@ -199,6 +199,13 @@ pub fn response_from_wit(r: wit::Response, max_output_bytes: usize) -> InferResu
         .map_err(|e| {
             InferError::internal(format!("the handler returned an inconsistent tensor: {e}"))
         })?;
+    let mut names = std::collections::HashSet::new();
+    if let Some(twice) = outputs.iter().find(|t| !names.insert(t.name.as_str())) {
+        return Err(InferError::internal(format!(
+            "the handler returned output '{}' twice",
+            tessera_core::infer::bounded(&twice.name, 256)
+        )));
+    }
     Ok(InferResponse {
         outputs,
         parameters: params_from_wit(r.parameters),
@@ -259,5 +266,40 @@ pub fn metadata_to_wit(m: &ModelMetadata) -> wit::ModelMetadata {
         platform: m.platform.clone(),
         inputs: m.inputs.iter().map(spec).collect(),
         outputs: m.outputs.iter().map(spec).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(name: &str) -> wit::Tensor {
+        wit::Tensor {
+            name: name.into(),
+            datatype: wit::Datatype::Fp32,
+            shape: vec![1],
+            data: wit::TensorData::Raw(vec![0; 4]),
+        }
+    }
+
+    #[test]
+    fn a_response_naming_an_output_twice_is_an_error() {
+        let twice = wit::Response {
+            outputs: vec![output("F"), output("F")],
+            parameters: Vec::new(),
+        };
+        let e = response_from_wit(twice, 1 << 20).expect_err("refused");
+        assert!(e.message.contains("output 'F' twice"), "{}", e.message);
+        let once = wit::Response {
+            outputs: vec![output("F"), output("G")],
+            parameters: Vec::new(),
+        };
+        assert_eq!(
+            response_from_wit(once, 1 << 20)
+                .expect("fine")
+                .outputs
+                .len(),
+            2
+        );
     }
 }
