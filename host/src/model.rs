@@ -243,7 +243,12 @@ impl ModelVersion {
                 return Err(InferError::invalid(format!(
                     "expected {} inputs but got {} inputs for model '{model}': input '{}' is missing",
                     self.signature.inputs.iter().filter(|s| !s.optional).count(),
-                    request.inputs.len(),
+                    // The required ones it has: optional inputs do not make up for a missing one.
+                    self.signature
+                        .inputs
+                        .iter()
+                        .filter(|s| !s.optional && request.inputs.iter().any(|t| t.name == s.name))
+                        .count(),
                     spec.name
                 )));
             }

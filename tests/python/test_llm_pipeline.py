@@ -355,3 +355,22 @@ def test_a_tenant_over_its_token_quota_gets_429_with_retry_after(tmp_path):
         operator.close()
     finally:
         stop(proc, log)
+
+
+def test_completions_serve_through_the_ensemble_as_generate_does(server, openai_client):
+    # The ensemble batches (max_batch_size 16): the OpenAI front-end sends it a batch of one.
+    body = {"text_input": "1, 2, 3,", "max_tokens": 8}
+    status, generated = post(server, "/v2/models/ensemble/generate", body)
+    assert status == 200, generated
+    completion = openai_client.completions.create(model="ensemble", prompt="1, 2, 3,",
+                                                  max_tokens=8, temperature=0)
+    assert completion.choices[0].text == generated["text_output"]
+
+
+def test_a_streamed_request_refused_by_the_model_says_invalid_request(server):
+    # Checked in the BLS, after the stream has begun: the error event keeps the error's kind.
+    events = sse(server, "/v1/chat/completions", {
+        "model": BLS, "stream": True, "max_tokens": 1536,
+        "messages": [{"role": "user", "content": "Hi"}]})
+    errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
+    assert errors and errors[0]["type"] == "invalid_request_error", events

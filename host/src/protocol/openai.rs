@@ -144,16 +144,10 @@ struct Body {
 /// An error in OpenAI's shape, with the status KServe errors get.
 pub fn error_response(e: &InferError) -> Response {
     let (status, _) = super::error::status_of(e.kind);
-    let kind = match e.kind {
-        ErrorKind::InvalidArgument | ErrorKind::Unsupported => "invalid_request_error",
-        ErrorKind::NotFound => "not_found_error",
-        ErrorKind::ResourceExhausted => "rate_limit_error",
-        _ => "server_error",
-    };
     let body = json!({
         "error": {
             "message": crate::infer::bounded(&e.message, crate::infer::MAX_ERROR_MESSAGE_BYTES),
-            "type": kind,
+            "type": error_type(e.kind),
             "param": null,
             "code": null,
         }
@@ -167,6 +161,16 @@ pub fn error_response(e: &InferError) -> Response {
             .insert(axum::http::header::RETRY_AFTER, value);
     }
     response
+}
+
+/// OpenAI's `type` of an error of `kind`, in an answer and in a stream's error event alike.
+fn error_type(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::Unsupported => "invalid_request_error",
+        ErrorKind::NotFound => "not_found_error",
+        ErrorKind::ResourceExhausted => "rate_limit_error",
+        _ => "server_error",
+    }
 }
 
 fn invalid(message: impl Into<String>) -> InferError {
@@ -380,12 +384,16 @@ pub fn prepare(
             ));
         }
     }
-    for input in &inputs {
+    for input in &mut inputs {
         if !has_input(&input.name) {
             return Err(invalid(format!(
                 "model '{}' does not take '{}'",
                 body.model, input.name
             )));
+        }
+        // A model that batches (the TensorRT-LLM layout's ensemble) takes a batch of one.
+        if metadata.batched {
+            input.shape.insert(0, 1);
         }
     }
     Ok(Prepared {
@@ -591,7 +599,7 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
                         out.push(
                             json!({ "error": {
                                 "message": crate::infer::bounded(&e.message, crate::infer::MAX_ERROR_MESSAGE_BYTES),
-                                "type": "server_error",
+                                "type": error_type(e.kind),
                             }})
                             .to_string(),
                         );
