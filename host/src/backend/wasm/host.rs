@@ -259,8 +259,8 @@ impl AsyncWrite for OutputSink {
 pub struct Streams {
     /// The senders the guest holds, by resource index; removed when it drops them.
     open: HashMap<u32, ResponseSender>,
-    /// Held senders whose callers went away after which the guest has run (a `resume` or an
-    /// `execute`), so it could see they had: no more work for the instance.
+    /// Held senders whose callers went away before the guest's last `resume`, so it could see
+    /// they had: no more work for the instance.
     noticed: std::collections::HashSet<u32>,
     /// The BLS streams the guest reads (`infer-stream`), by resource index.
     reading: std::collections::BTreeSet<u32>,
