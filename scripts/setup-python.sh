@@ -21,6 +21,8 @@ PINS=(
   "grpcio==1.85.1"
   "pytest==9.2.0"
   "pillow==13.0.0"
+  # Triton's image_client.py reads model metadata through it (HTTP).
+  "attrdict==2.0.1"
   # The LLM: the GGUF reader that derives the tokenizer, the tokenizer library the tests
   # check against, and the official OpenAI client as the test client.
   "gguf==0.19.0"

@@ -6,6 +6,11 @@ against a server on a repository of the models they call: Triton's `simple` fami
 `repeat_int32`, seven models in all, as simple_http_model_control.py counts. The server runs with
 `--server-name triton`, since the health-and-metadata examples check that name. A script passes
 when it exits 0 and prints its PASS line where it has one.
+
+The image examples (image_client.py, grpc_image_client.py, ensemble_image_client.py) run against
+a second server on `text_orientation` (an ONNX image classifier: is a text line upright or upside
+down?), `preprocess_image` (Wasm: PNG/JPEG decoding, in the place of Triton's DALI) and
+`text_orientation_ensemble`, on images of a line of text drawn here, upright and turned over.
 """
 from __future__ import annotations
 
@@ -27,6 +32,9 @@ MODELS = ("simple", "simple_int8", "simple_identity", "simple_string", "simple_s
 # SHA-256 of the files as they are upstream (triton-inference-server/client 58a44ca,
 # src/python/examples/).
 UPSTREAM = {
+    "ensemble_image_client.py": "7ff5c7bf5c0e6c71d4cca7386799dc825fc5e61663ed9af4eaa61c2051e7fe7e",
+    "grpc_image_client.py": "59b6bf4d91115febf19ea7114334bd23c247615553216932ecac7c77ec243415",
+    "image_client.py": "d39b7e14b3af9d028ceb8fd2e99edf78cdec8312c6731d5a77c7d1ab904759c0",
     "grpc_explicit_byte_content_client.py": "08d989e8c7db0ee400b6f42f0b804fc2c1d503e8d80d6a54f66feb87ffd74615",
     "grpc_explicit_int8_content_client.py": "fac201c4a642cdca113f1968704729a7e40d8329fa9aba2bb006c14aaee25027",
     "grpc_explicit_int_content_client.py": "b5c16236daaec40b389d75baa465d802499dea66ef717cc068b69d07d09a7c60",
@@ -149,3 +157,111 @@ def test_simple_string_refuses_text_that_is_no_int32(examples_server):
     assert status == 200, answer
     outputs = {o["name"]: o["data"] for o in json.loads(answer)["outputs"]}
     assert outputs["OUTPUT0"][0] == "-2147483648" and outputs["OUTPUT1"][:2] == ["2147483646", "-1"]
+
+
+IMAGE_MODELS = ("text_orientation", "preprocess_image", "text_orientation_ensemble")
+
+
+@pytest.fixture(scope="module")
+def image_server(request):
+    repo = Path(tempfile.mkdtemp(prefix="tessera-triton-images-"))
+    for model in IMAGE_MODELS:
+        shutil.copytree(MODEL_REPOSITORY / model, repo / model)
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo)])
+    failed_before = request.session.testsfailed
+    yield srv
+    stop(proc, log, keep=request.session.testsfailed > failed_before)
+    shutil.rmtree(repo, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def text_line_images():
+    """A folder with a JPEG of a line of text upright (a.jpg) and a PNG of it upside down
+    (b.png): the classifier's labels are 0 and 180."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    folder = Path(tempfile.mkdtemp(prefix="tessera-text-lines-"))
+    image = Image.new("RGB", (384, 96), "white")
+    ImageDraw.Draw(image).text((10, 12), "Hello 2026", fill="black",
+                               font=ImageFont.load_default(size=56))
+    image.save(folder / "a.jpg")
+    image.rotate(180).save(folder / "b.png")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def top_classes(stdout: str) -> list[str]:
+    """The label of each first class line ("    <score> (<index>) = <label>") after a
+    heading, in order."""
+    labels, take = [], True
+    for line in stdout.splitlines():
+        if line.startswith("    ") and "=" in line:
+            if take:
+                labels.append(line.rsplit("=", 1)[1].strip())
+            take = False
+        else:
+            take = True
+    return labels
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_image_client_classifies_text_lines(image_server, text_line_images, protocol):
+    url = f"127.0.0.1:{image_server.grpc_port}" if protocol == "grpc" else image_server.url
+    for image, label in (("a.jpg", "0"), ("b.png", "180")):
+        done = run("image_client.py", "-m", "text_orientation", "-s", "INCEPTION", "-c", "2",
+                   "-i", protocol, "-u", url, str(text_line_images / image))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.stdout.splitlines()[-1] == "PASS", done.stdout
+        assert top_classes(done.stdout) == [label], done.stdout
+    # A folder, as one batch of two.
+    done = run("image_client.py", "-m", "text_orientation", "-s", "INCEPTION", "-b", "2",
+               "-i", protocol, "-u", url, str(text_line_images))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    classes = [line.rsplit("=", 1)[1].strip() for line in done.stdout.splitlines()
+               if line.startswith("    ")]
+    assert "batch size 2" in done.stdout and classes == ["0", "180"], done.stdout
+
+
+def test_image_client_streams_over_grpc(image_server, text_line_images):
+    done = run("image_client.py", "-m", "text_orientation", "-s", "INCEPTION", "-i", "grpc",
+               "--streaming", "-a", "-u", f"127.0.0.1:{image_server.grpc_port}",
+               str(text_line_images))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(top_classes(done.stdout)) == ["0", "180"], done.stdout
+
+
+def test_grpc_image_client_classifies_text_lines(image_server, text_line_images):
+    done = run("grpc_image_client.py", "-m", "text_orientation", "-s", "INCEPTION", "-c", "2",
+               "-u", f"127.0.0.1:{image_server.grpc_port}", str(text_line_images))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert top_classes(done.stdout) == ["0", "180"], done.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ensemble_image_client_decodes_in_the_sandbox(image_server, text_line_images, protocol):
+    url = f"127.0.0.1:{image_server.grpc_port}" if protocol == "grpc" else image_server.url
+    done = run("ensemble_image_client.py", "-m", "text_orientation_ensemble", "-c", "2",
+               "-i", protocol, "-u", url, str(text_line_images))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "PASS", done.stdout
+    assert top_classes(done.stdout) == ["0", "180"], done.stdout
+
+
+def test_an_ensemble_input_that_is_no_image_is_refused_by_name(image_server, text_line_images):
+    import numpy as np
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(image_server.url)
+    files = np.array([[(text_line_images / "a.jpg").read_bytes()], [b"GIF89a not an image"]],
+                     dtype=np.object_)
+    images = httpclient.InferInput("IMAGE", list(files.shape), "BYTES")
+    images.set_data_from_numpy(files, binary_data=True)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("text_orientation_ensemble", [images])
+    assert refused.value.status() == "400", refused.value
+    assert "IMAGE[1]" in refused.value.message() and "not a PNG or JPEG" in refused.value.message()
+    # The server goes on serving.
+    ok = run("ensemble_image_client.py", "-m", "text_orientation_ensemble", "-u",
+             image_server.url, str(text_line_images / "a.jpg"))
+    assert ok.returncode == 0 and top_classes(ok.stdout) == ["0"], ok.stdout + ok.stderr
