@@ -338,6 +338,46 @@ fn finish(
 }
 
 /// The numbered folders of `dir` that hold a `model.py`, `model.js` or `model.ts`, in order.
+/// Why `dir` must be built before it is served: a version folder with a `model.py`,
+/// `model.js` or `model.ts` and no `model.wasm`, or one older than a file in that folder.
+/// `None`: nothing to build.
+pub fn stale(dir: &Path) -> anyhow::Result<Option<String>> {
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    for (version, _) in source_versions(dir)? {
+        let component = version.join("model.wasm");
+        let Some(built) = modified(&component) else {
+            return Ok(Some(format!("{} has no model.wasm", version.display())));
+        };
+        let mut newer = None;
+        let mut stack = vec![version.clone()];
+        while let (None, Some(folder)) = (&newer, stack.pop()) {
+            for entry in std::fs::read_dir(&folder)
+                .with_context(|| format!("cannot read {}", folder.display()))?
+            {
+                let path = entry?.path();
+                let name = path.file_name().unwrap_or_default();
+                if name == "__pycache__" || name == "node_modules" {
+                    continue;
+                }
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path != component && modified(&path).is_some_and(|m| m > built) {
+                    newer = Some(path);
+                    break;
+                }
+            }
+        }
+        if let Some(path) = newer {
+            return Ok(Some(format!(
+                "{} is newer than {}",
+                path.display(),
+                component.display()
+            )));
+        }
+    }
+    Ok(None)
+}
+
 fn source_versions(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Language)>> {
     let mut versions = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {

@@ -131,6 +131,10 @@ struct DeployArgs {
     /// The model name [default: the config's `name`, else the directory's name].
     #[arg(long)]
     name: Option<String>,
+    /// Deploy the folder as it is: do not build a model.py, model.js or model.ts whose
+    /// model.wasm is missing or older than its sources (`tessera build` does that first).
+    #[arg(long)]
+    no_build: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -568,6 +572,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Check(args)) => check(args).await,
         Some(Command::Deploy(args)) => {
+            if !args.no_build
+                && let Some(why) = tessera::guest_build::stale(&args.dir)?
+            {
+                println!("building first: {why}");
+                for path in tessera::guest_build::build(&args.dir, &Default::default())? {
+                    println!("built {}", path.display());
+                }
+            }
             tessera::cli::deploy(&args.client.server, &args.dir, args.name.as_deref()).await
         }
         Some(Command::Build(args)) => {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import os
 import queue
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import urllib.request
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -664,6 +666,45 @@ def test_a_python_model_deploys_to_the_running_server(python_server, tmp_path):
     batch = np.ones((3, 4), dtype=np.float32)
     result = client.infer("auto_deployed", add_sub_inputs(httpclient, batch, batch))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), batch * 2)
+
+
+def test_deploy_builds_a_model_py_first_when_its_component_is_missing_or_stale(python_server,
+                                                                              tmp_path):
+    """`tessera deploy` of Triton's add_sub as it comes (model.py, no model.wasm) builds it
+    first; after model.py changes, the next deploy builds again; `--no-build` deploys as is."""
+    model = tmp_path / "add_sub_source"
+    shutil.copytree(EXAMPLES / "repository" / "add_sub", model, ignore=shutil.ignore_patterns("model.wasm"))
+    env = {**os.environ, "COMPONENTIZE_PY": str(COMPONENTIZE_PY)}
+
+    def deploy(*flags):
+        return subprocess.run([str(binary()), "deploy", str(model), "--name", "add_sub_source",
+                               "--server", python_server.url, *flags],
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    refused = deploy("--no-build")
+    assert refused.returncode != 0 and "tessera build" in refused.stderr, refused.stderr
+    first = deploy()
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "building first: " in first.stdout and "has no model.wasm" in first.stdout, first.stdout
+    client = httpclient.InferenceServerClient(python_server.url)
+    a, b = np.array([3, 1, 4, 1], dtype=np.float32), np.array([1, 5, 9, 2], dtype=np.float32)
+    result = client.infer("add_sub_source", add_sub_inputs(httpclient, a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    # Unchanged: deployed as built.
+    again = deploy()
+    assert again.returncode == 0 and "building first" not in again.stdout, again.stdout
+    # model.py edited (its outputs swapped): built again, and the new code serves.
+    source = model / "1" / "model.py"
+    edited = source.read_text().replace("in_0.as_numpy() + in_1.as_numpy(),\n",
+                                        "in_0.as_numpy() * in_1.as_numpy(),\n")
+    assert edited != source.read_text()
+    time.sleep(0.01)
+    source.write_text(edited)
+    changed = deploy()
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "model.py is newer than" in changed.stdout, changed.stdout
+    result = client.infer("add_sub_source", add_sub_inputs(httpclient, a, b))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * b)
 
 
 @pytest.mark.parametrize("callee", ["pytorch", "add_sub_rust", "add_sub", "add_sub_py"])
