@@ -207,9 +207,10 @@ pub struct ModelStats {
     compute_input: AtomicTally,
     compute_infer: AtomicTally,
     compute_output: AtomicTally,
-    /// Per batch size in rows, indexed by the size (0 unused).
+    /// Per batch size in rows, indexed by the size (0 unused), up to `PREALLOCATED_BATCH_SIZES`.
     batch: Box<[AtomicBatchTally]>,
-    /// Batch sizes past `batch` (not expected: the batcher never exceeds max_batch_size).
+    /// Batch sizes past `batch`: those of a model whose max_batch_size is past
+    /// `PREALLOCATED_BATCH_SIZES` (a configuration may say 2^31 - 1).
     batch_overflow: Mutex<BTreeMap<usize, BatchTally>>,
     /// Present with `--metrics-config summary_latencies=true` only.
     windows: Option<Mutex<Windows>>,
@@ -218,6 +219,10 @@ pub struct ModelStats {
     cancelled: AtomicU64,
     first_response: AtomicTally,
 }
+
+/// Batch sizes whose tallies are allocated up front (lock-free); larger ones are tallied in a
+/// map as they occur.
+const PREALLOCATED_BATCH_SIZES: usize = 1024;
 
 impl Default for ModelStats {
     fn default() -> Self {
@@ -239,7 +244,7 @@ impl ModelStats {
             compute_input: AtomicTally::default(),
             compute_infer: AtomicTally::default(),
             compute_output: AtomicTally::default(),
-            batch: (0..=max_rows.max(1))
+            batch: (0..=max_rows.clamp(1, PREALLOCATED_BATCH_SIZES))
                 .map(|_| AtomicBatchTally::default())
                 .collect(),
             batch_overflow: Mutex::default(),

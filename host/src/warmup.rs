@@ -112,9 +112,24 @@ fn filler(datatype: DataType, count: usize, random: bool) -> TensorData {
     }
 }
 
+/// The most times one warmup entry runs: models load one after another, so a warmup that
+/// would run for hours (`count: 4000000000`) would keep every model after it from serving.
+pub const MAX_WARMUP_COUNT: u32 = 1000;
+
 /// Runs every warmup entry `count` times (at least once). Errors name the entry.
 pub async fn run(model: &ModelVersion, model_dir: &Path) -> Result<(), String> {
     let batched = model.config.max_batch_size > 0;
+    if let Some(warmup) = model
+        .config
+        .model_warmup
+        .iter()
+        .find(|w| w.count > MAX_WARMUP_COUNT)
+    {
+        return Err(format!(
+            "warmup '{}' has count {}; at most {MAX_WARMUP_COUNT} runs of one warmup entry are allowed",
+            warmup.name, warmup.count
+        ));
+    }
     for warmup in &model.config.model_warmup {
         let request = request(warmup, batched, model_dir)?;
         for _ in 0..warmup.count.max(1) {

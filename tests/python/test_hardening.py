@@ -130,6 +130,51 @@ def test_a_config_asking_for_too_many_instances_is_refused_before_any_is_made(st
     assert client.infer("string_identity", [inp]).as_numpy("TEXT_OUT").tolist() == [[b"x"]]
 
 
+def _string_identity_answers(srv, text: bytes, priority: int = 0) -> None:
+    client = httpclient.InferenceServerClient(srv.url)
+    inp = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[text]], dtype=np.object_))
+    got = client.infer("string_identity", [inp], priority=priority)
+    assert got.as_numpy("TEXT_OUT").tolist() == [[text]]
+
+
+def test_extreme_batch_and_priority_settings_load_without_allocating_for_them(strings_server):
+    """max_batch_size 2^31 - 1 allocated statistics for every batch size (96 GB: the process
+    aborted); priority_levels 2^64 - 1 a queue per level. Both now cost what is used."""
+    pid = strings_server.process.pid
+    config = STRING_IDENTITY_CONFIG.replace("max_batch_size: 8", "max_batch_size: 2147483647")
+    config = config.replace("dynamic_batching { max_queue_delay_microseconds: 2000 }",
+                            "dynamic_batching { max_queue_delay_microseconds: 2000 "
+                            "priority_levels: 18446744073709551615 default_priority_level: 1 }")
+    status, _, body = strings_server.post_json(
+        "/v2/repository/models/string_identity/load",
+        {"parameters": {"config": json.dumps(_pbtxt_to_json(config))}})
+    assert status == 200, body
+    _string_identity_answers(strings_server, b"huge", priority=1 << 40)
+    _string_identity_answers(strings_server, b"any level", priority=3)
+    rss_kb = next(int(line.split()[1]) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith("VmRSS:"))
+    assert rss_kb < 2_000_000, rss_kb
+    status, _, body = strings_server.post_json(
+        "/v2/repository/models/string_identity/load",
+        {"parameters": {"config": json.dumps(_pbtxt_to_json(STRING_IDENTITY_CONFIG))}})
+    assert status == 200, body
+
+
+def test_a_warmup_that_would_run_for_hours_is_refused(strings_server):
+    config = STRING_IDENTITY_CONFIG + """
+model_warmup [ { name: "forever" batch_size: 1 count: 4000000000
+  inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } } ]"""
+    status, _, body = strings_server.post_json(
+        "/v2/repository/models/string_identity/load",
+        {"parameters": {"config": json.dumps(_pbtxt_to_json(config))}})
+    assert status == 400, body
+    assert "count 4000000000" in json.loads(body)["error"], body
+    # A failed reload keeps the serving version.
+    _string_identity_answers(strings_server, b"still")
+
+
 @pytest.mark.parametrize("files,expected", [
     ({"file:1": b"AAAA", "file:1/model.onnx": None}, "cannot also be the folder"),
     ({"file:1/model.onnx/": None}, "invalid file path"),

@@ -126,8 +126,8 @@ pub fn scheduling_parameters(
     params: &BTreeMap<String, ParamValue>,
 ) -> Result<(u32, Option<Duration>), InferError> {
     let get = |key: &str| param_u64_in(params.get(key), key);
-    let priority = u32::try_from(get("priority")?.unwrap_or(0))
-        .map_err(|_| InferError::invalid("parameter 'priority' is too large"))?;
+    // Triton's priority is a uint64; one past the model's levels is its lowest level anyway.
+    let priority = u32::try_from(get("priority")?.unwrap_or(0)).unwrap_or(u32::MAX);
     let timeout = get("timeout")?
         .filter(|&t| t > 0)
         .map(Duration::from_micros);

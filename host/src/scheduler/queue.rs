@@ -140,8 +140,18 @@ impl Level {
 }
 
 struct State {
-    levels: Vec<Level>,
+    /// The priority levels that hold requests, by level (0 first). Levels are kept only while
+    /// they hold requests: a configuration may allow 2^64 of them.
+    levels: BTreeMap<usize, Level>,
+    /// Levels past this one are queued at it.
+    last_level: usize,
     closed: bool,
+}
+
+impl State {
+    fn drop_empty_levels(&mut self) {
+        self.levels.retain(|_, level| level.len() > 0);
+    }
 }
 
 pub struct Queue {
@@ -155,7 +165,8 @@ impl Queue {
     pub fn new(levels: usize) -> Queue {
         Queue {
             state: Mutex::new(State {
-                levels: (0..levels.max(1)).map(|_| Level::default()).collect(),
+                levels: BTreeMap::new(),
+                last_level: levels.max(1) - 1,
                 closed: false,
             }),
             notify: Notify::new(),
@@ -176,8 +187,8 @@ impl Queue {
         if state.closed {
             return Err(InferError::unavailable("the model is being unloaded"));
         }
-        let last = state.levels.len() - 1;
-        let queue = &mut state.levels[level.min(last)];
+        let key = level.min(state.last_level);
+        let queue = state.levels.entry(key).or_default();
         if max_size > 0 && queue.len() >= max_size {
             return Err(InferError::unavailable("Exceeds maximum queue size"));
         }
@@ -189,7 +200,7 @@ impl Queue {
 
     /// Requests awaiting execution: queued, or batched and waiting for resources.
     pub fn len(&self) -> usize {
-        let queued: usize = self.lock().levels.iter().map(Level::len).sum();
+        let queued: usize = self.lock().levels.values().map(Level::len).sum();
         queued + self.staged.load(Ordering::Acquire)
     }
 
@@ -309,7 +320,8 @@ pub fn timeout_error() -> InferError {
 /// Pops the oldest live request of the highest priority, failing expired ones on the way.
 fn pop_live(state: &mut State) -> Option<Pending> {
     let now = Instant::now();
-    for level in &mut state.levels {
+    let mut live = None;
+    'levels: for level in state.levels.values_mut() {
         while let Some(p) = level.pop_front() {
             if p.abandoned() {
                 continue;
@@ -321,11 +333,13 @@ fn pop_live(state: &mut State) -> Option<Pending> {
                 continue;
             }
             if p.claim.dispatch() {
-                return Some(p);
+                live = Some(p);
+                break 'levels;
             }
         }
     }
-    None
+    state.drop_empty_levels();
+    live
 }
 
 /// Moves queued requests that fit into the batch, in priority then arrival order. Returns true
@@ -338,7 +352,8 @@ fn take_compatible(
     max_rows: usize,
 ) -> bool {
     let now = Instant::now();
-    for level in &mut state.levels {
+    let mut head_left_out = false;
+    'levels: for level in state.levels.values_mut() {
         while let Some(p) = level.front() {
             if p.abandoned() || p.expired(now) {
                 if let Some(p) = level.pop_front()
@@ -349,7 +364,8 @@ fn take_compatible(
                 continue;
             }
             if p.shape_key != batch[0].shape_key || *rows + p.rows > max_rows {
-                return true;
+                head_left_out = true;
+                break 'levels;
             }
             if let Some(p) = level.pop_front()
                 && p.claim.dispatch()
@@ -359,7 +375,8 @@ fn take_compatible(
             }
         }
     }
-    false
+    state.drop_empty_levels();
+    head_left_out
 }
 
 /// A caller and the answer for it.
