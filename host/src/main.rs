@@ -783,6 +783,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
                 // Room to read a large header block and refuse the call (GrpcBounds), rather
                 // than h2 dropping the whole connection past its 16 KiB default.
                 .http2_max_header_list_size(tessera::protocol::grpc::MAX_HEADER_LIST_BYTES)
+                .max_concurrent_streams(tessera::protocol::grpc::MAX_CONCURRENT_STREAMS)
                 .layer(tessera::protocol::grpc::GrpcBoundsLayer)
                 .add_service(inference)
                 .add_service(health)

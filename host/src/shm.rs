@@ -82,6 +82,15 @@ impl Region {
     }
 }
 
+/// Regions registered at once: each keeps its object open (a file descriptor), so without a
+/// bound registrations alone would exhaust the server's descriptors, and it could accept no
+/// connection.
+pub const MAX_REGIONS: usize = 4096;
+
+/// The most one input reads from a region (a BYTES input: the others read what their shape
+/// takes).
+pub const MAX_INPUT_READ_BYTES: usize = 1 << 30;
+
 /// The registered regions.
 #[derive(Default)]
 pub struct SharedMemory {
@@ -166,6 +175,11 @@ impl SharedMemory {
         let mut regions = self.lock();
         if regions.contains_key(name) {
             return Err(ShmError::Exists(name.to_owned()));
+        }
+        if regions.len() >= MAX_REGIONS {
+            return Err(ShmError::Invalid(format!(
+                "{MAX_REGIONS} shared memory regions are registered already, the most at once: unregister some first"
+            )));
         }
         regions.insert(name.to_owned(), Arc::new(region));
         tracing::info!(
@@ -283,6 +297,12 @@ impl RegionReader for SharedMemory {
     fn read(&self, place: &SharedMemoryRef) -> Result<Bytes, InferError> {
         let region = self.get(&place.region)?;
         let at = region.window(place, "input")?;
+        if place.byte_size > MAX_INPUT_READ_BYTES {
+            return Err(InferError::invalid(format!(
+                "an input of {} bytes in shared memory is more than the {MAX_INPUT_READ_BYTES} bytes one input may read",
+                place.byte_size
+            )));
+        }
         let mut out = vec![0u8; place.byte_size];
         match region.file.read_exact_at(&mut out, at) {
             Ok(()) => Ok(Bytes::from(out)),

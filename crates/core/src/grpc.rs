@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::infer::{InferError, InferRequest, InferResponse, ParamValue, RequestedOutput};
 use crate::kserve::{
     RegionReader, class_count_parameter, decode_bytes_elements, encode_bytes_elements,
-    scheduling_parameters, shared_memory_parameters,
+    read_shared_input, scheduling_parameters, shared_memory_parameters,
 };
 use crate::tensor::{DataType, Tensor, TensorData};
 
@@ -135,7 +135,9 @@ fn decode_input(
                 "input '{name}' has both shared memory and typed contents"
             )));
         }
-        (Some(place), None) => raw_bytes(regions.read(&place)?)?,
+        (Some(place), None) => {
+            raw_bytes(read_shared_input(regions, &name, datatype, &shape, &place)?)?
+        }
         (None, Some(contents)) => typed_contents(&name, datatype, contents)?,
         (None, None) => match raw.next() {
             Some(bytes) => raw_bytes(bytes)?,

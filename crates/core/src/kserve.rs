@@ -173,6 +173,29 @@ pub trait RegionReader {
     fn read(&self, place: &SharedMemoryRef) -> Result<Bytes, InferError>;
 }
 
+/// An input's bytes from shared memory, read only once the size the request gives matches what
+/// the input's shape and datatype take (any size for BYTES): a client could otherwise have the
+/// server read gigabytes for a tensor of four floats.
+pub fn read_shared_input(
+    regions: &dyn RegionReader,
+    name: &str,
+    datatype: DataType,
+    shape: &[i64],
+    place: &SharedMemoryRef,
+) -> Result<Bytes, InferError> {
+    match tessera_abi::shape_byte_size(datatype, shape) {
+        Ok(Some(needed)) if needed != place.byte_size => Err(InferError::invalid(format!(
+            "input '{name}': its shared memory size ({} bytes) is not the {needed} bytes its shape {shape:?} of {} takes",
+            place.byte_size,
+            datatype.name()
+        ))),
+        Err(e) => Err(InferError::invalid(format!(
+            "input '{name}' has an invalid shape {shape:?}: {e}"
+        ))),
+        _ => regions.read(place),
+    }
+}
+
 /// A front-end without shared memory: every region is unknown.
 pub struct NoSharedMemory;
 
@@ -292,7 +315,11 @@ pub fn decode_request_with(
         };
         let binary_size = param_u64(input.parameters.as_ref(), "binary_data_size")?;
         let data = match (in_shared_memory, binary_size) {
-            (Some(place), _) => decode_binary(&input.name, datatype, regions.read(&place)?)?,
+            (Some(place), _) => {
+                let bytes =
+                    read_shared_input(regions, &input.name, datatype, &input.shape, &place)?;
+                decode_binary(&input.name, datatype, bytes)?
+            }
             (None, Some(size)) => {
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
                 if size > binary.len() {
@@ -821,6 +848,42 @@ mod tests {
 
     fn decode(body: &[u8], header_length: Option<usize>) -> Result<InferRequest, InferError> {
         decode_request(&Bytes::copy_from_slice(body), header_length)
+    }
+
+    /// A registry that counts reads and hands back zeros of the size asked.
+    struct CountingRegions(std::cell::Cell<usize>);
+
+    impl RegionReader for CountingRegions {
+        fn read(&self, place: &SharedMemoryRef) -> Result<Bytes, InferError> {
+            self.0.set(self.0.get() + 1);
+            Ok(Bytes::from(vec![0u8; place.byte_size]))
+        }
+    }
+
+    #[test]
+    fn a_shared_memory_input_is_read_only_at_the_size_its_shape_takes() {
+        let regions = CountingRegions(std::cell::Cell::new(0));
+        let body = |size: u64| {
+            Bytes::from(format!(
+                r#"{{"inputs":[{{"name":"x","shape":[1,4],"datatype":"FP32","parameters":{{"shared_memory_region":"r","shared_memory_byte_size":{size}}}}}]}}"#
+            ))
+        };
+        let refused = decode_request_with(&body(4 << 30), None, &regions)
+            .err()
+            .expect("refused");
+        assert!(
+            refused.message.contains("not the 16 bytes"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(
+            regions.0.get(),
+            0,
+            "nothing read for a size the tensor cannot have"
+        );
+        let r = decode_request_with(&body(16), None, &regions).expect("decodes");
+        assert_eq!(r.inputs[0].to_f64_vec(), Some(vec![0.0; 4]));
+        assert_eq!(regions.0.get(), 1);
     }
 
     #[test]

@@ -668,6 +668,11 @@ fn statistics(name: &str, version: i64, s: &StatsSnapshot) -> pb::ModelStatistic
     }
 }
 
+/// Streams one gRPC connection may have open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS;
+/// clients queue past it). Each open stream costs the server about 11 KB even while idle:
+/// unbounded, one connection opening 80,000 streams held 870 MB.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
 /// The largest header block HTTP/2 reads before refusing a whole connection; above
 /// [`MAX_METADATA_BYTES`] and below this, only the call is refused.
 pub const MAX_HEADER_LIST_BYTES: u32 = 256 * 1024;

@@ -266,6 +266,7 @@ impl Store {
     /// unloaded: nobody could call them).
     pub fn open(root: &Path, area: &'static str, with_tenants: bool) -> Result<Store, StoreError> {
         create_private_dir(root)?;
+        refuse_shared_layout(root)?;
         let lock = lock_area(root, area)?;
         let models = root.join(area);
         let tmp = root.join("tmp");
@@ -776,6 +777,45 @@ fn read_manifest(path: &Path) -> Found {
 
 /// Reads the manifests of one area folder (`models/` or a tenant's), removing what a crash left
 /// that provably never was acknowledged, and recording damaged deployments untouched.
+/// A shared store on a directory (`--store file://DIR`) keeps `<area>/manifests/` and
+/// `<area>/revisions/` of objects; a server's own store would take them for the folders of
+/// first deployments that never completed, and remove them.
+fn refuse_shared_layout(root: &Path) -> Result<(), StoreError> {
+    for area in ["models", "functions"] {
+        for kind in ["manifests", "revisions"] {
+            let dir = root.join(area).join(kind);
+            if dir.is_dir() && !dir.join(MANIFEST).exists() && revisions_in(&dir).is_empty() {
+                return Err(StoreError::Invalid(format!(
+                    "{} holds a shared store (its {area}/{kind}/ is no deployment): start with --store file://{} to serve it as a replica",
+                    root.display(),
+                    root.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` holds only what a first deployment that never completed leaves: nothing, its
+/// empty manifest, the manifest's temporary file, revision folders. Anything else is not ours
+/// to remove.
+fn only_debris(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().all(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(kind) = entry.file_type() else {
+            return false;
+        };
+        if kind.is_dir() {
+            name.parse::<u64>().is_ok()
+        } else {
+            kind.is_file() && (name == MANIFEST || name == format!(".{MANIFEST}.tmp"))
+        }
+    })
+}
+
 fn scan_area(
     models: &Path,
     tenant: Option<&str>,
@@ -793,16 +833,26 @@ fn scan_area(
         }
         let name = crate::namespace::ModelKey::new(tenant, &file_name).key();
         let revisions = revisions_in(&dir);
-        let manifest = match read_manifest(&dir.join(MANIFEST)) {
+        let found = read_manifest(&dir.join(MANIFEST));
+        // An empty manifest, or none and no revision: a first deployment that never completed.
+        let first_not_completed = match found {
+            Found::Empty => true,
+            Found::Missing => revisions.is_empty(),
+            _ => false,
+        };
+        let manifest = match found {
             Found::Manifest(m) => m,
-            Found::Empty => {
+            _ if first_not_completed && only_debris(&dir) => {
                 tracing::info!(model = %name, "removing {} (a first deployment that was not completed)", dir.display());
                 fs::remove_dir_all(&dir).map_err(io(&dir))?;
                 continue;
             }
-            Found::Missing if revisions.is_empty() => {
-                tracing::info!(model = %name, "removing {} (a first deployment that was not completed)", dir.display());
-                fs::remove_dir_all(&dir).map_err(io(&dir))?;
+            Found::Empty => {
+                tracing::error!(model = %name, folder = %dir.display(), "the deployment store holds a folder that is no deployment (an empty manifest beside other files); left alone");
+                continue;
+            }
+            Found::Missing if first_not_completed => {
+                tracing::error!(model = %name, folder = %dir.display(), "the deployment store holds a folder that is no deployment (no manifest, no revision, other files); left alone");
                 continue;
             }
             Found::Missing => {
@@ -951,6 +1001,40 @@ mod tests {
             .commit(store.stage("m", &[]).expect("stages"))
             .expect("commits");
         assert_eq!(next, 8, "after the newest published revision");
+    }
+
+    #[test]
+    fn a_shared_stores_directory_is_refused_and_left_as_it_is() {
+        // `--store DIR` on the directory replicas share as `--store file://DIR`: its
+        // manifests/ and revisions/ look like first deployments that never completed.
+        let (_scratch, root) = scratch();
+        let manifest = root.join("models/manifests/m/00000000000000000001.json");
+        let revision = root.join("models/revisions/m/abc/1/model.wasm");
+        for file in [&manifest, &revision] {
+            fs::create_dir_all(file.parent().expect("a folder")).expect("makes folders");
+            fs::write(file, b"acknowledged").expect("writes");
+        }
+        let refused = Store::open(&root, "models", false).err().expect("refused");
+        assert!(refused.to_string().contains("--store file://"), "{refused}");
+        assert!(manifest.exists() && revision.exists(), "nothing removed");
+    }
+
+    #[test]
+    fn a_folder_that_is_no_deployment_is_left_alone_and_debris_is_removed() {
+        let (_scratch, root) = scratch();
+        let notes = root.join("models/notes/README.txt");
+        fs::create_dir_all(notes.parent().expect("a folder")).expect("makes folders");
+        fs::write(&notes, b"mine").expect("writes");
+        let debris = root.join("models/half");
+        fs::create_dir_all(&debris).expect("makes a folder");
+        fs::write(debris.join(format!(".{MANIFEST}.tmp")), b"{").expect("writes");
+        let store = Store::open(&root, "models", false).expect("opens");
+        assert!(notes.exists(), "another's files are kept");
+        assert!(store.manifest("notes").is_none());
+        assert!(
+            !debris.exists(),
+            "an incomplete first deployment is removed"
+        );
     }
 
     /// Two published revisions of `m` in a fresh store at `root`.

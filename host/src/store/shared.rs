@@ -200,6 +200,18 @@ impl SharedStore {
                 std::fs::create_dir_all(&dir).map_err(|e| {
                     SharedStoreError::Invalid(format!("--store '{url}': cannot create it: {e}"))
                 })?;
+                // A server's own store (`--store DIR`) keeps its lock files at its root: its
+                // layout is not this one, and each would take the other's files for debris.
+                if [".models.lock", ".functions.lock"]
+                    .iter()
+                    .any(|lock| dir.join(lock).exists())
+                {
+                    return Err(SharedStoreError::Invalid(format!(
+                        "--store '{url}': {} is one server's own store (started with --store {}), not a shared one; give the replicas a directory of their own",
+                        dir.display(),
+                        dir.display()
+                    )));
+                }
                 let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(|e| SharedStoreError::Invalid(format!("--store '{url}': {e}")))?;
                 (Arc::new(local), String::new())
@@ -598,6 +610,18 @@ mod tests {
             .expect("a path")
             .to_string();
         Arc::new(SharedStore::open(&url, replica).expect("opens")).area("models")
+    }
+
+    #[test]
+    fn a_servers_own_store_is_not_opened_as_a_shared_one() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let own = crate::store::Store::open(dir.path(), "models", false).expect("opens");
+        let url = url::Url::from_directory_path(dir.path())
+            .expect("a path")
+            .to_string();
+        let refused = SharedStore::open(&url, "r1").err().expect("refused");
+        assert!(refused.to_string().contains("own store"), "{refused}");
+        drop(own);
     }
 
     fn files(text: &'static str) -> Vec<(PathBuf, Bytes)> {
