@@ -868,9 +868,9 @@ mod tests {
                 r#"{{"inputs":[{{"name":"x","shape":[1,4],"datatype":"FP32","parameters":{{"shared_memory_region":"r","shared_memory_byte_size":{size}}}}}]}}"#
             ))
         };
-        let refused = decode_request_with(&body(4 << 30), None, &regions)
-            .err()
-            .expect("refused");
+        let Err(refused) = decode_request_with(&body(4 << 30), None, &regions) else {
+            panic!("a byte size the shape cannot take is refused");
+        };
         assert!(
             refused.message.contains("not the 16 bytes"),
             "{}",

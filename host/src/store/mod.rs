@@ -1014,7 +1014,9 @@ mod tests {
             fs::create_dir_all(file.parent().expect("a folder")).expect("makes folders");
             fs::write(file, b"acknowledged").expect("writes");
         }
-        let refused = Store::open(&root, "models", false).err().expect("refused");
+        let Err(refused) = Store::open(&root, "models", false) else {
+            panic!("a shared store's directory is refused");
+        };
         assert!(refused.to_string().contains("--store file://"), "{refused}");
         assert!(manifest.exists() && revision.exists(), "nothing removed");
     }
