@@ -94,6 +94,8 @@ fn compile_grpc() {
         // Every message of the `inference` package is tessera-core's (its codec is fuzzed there):
         // only the service is generated here.
         .extern_path(".inference", "::tessera_core::config::pb")
+        // prost's codec, with an inference request's entries counted before it is decoded.
+        .codec_path("crate::protocol::grpc_codec::BoundedCodec")
         .compile_fds(fds)
         .expect("tonic generates the gRPC service");
 }

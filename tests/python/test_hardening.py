@@ -230,6 +230,37 @@ def _stub(server):
     return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
+def _rss_kb(pid: int) -> int:
+    return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("VmRSS:"))
+
+
+def test_a_grpc_request_flooded_with_entries_is_refused_before_it_is_decoded(server):
+    """Empty `inputs` entries cost 2 bytes on the wire and a struct each once decoded: 4 MiB of
+    them decoded into 627 MB. They are now counted on the wire, over ModelInfer and streams."""
+    channel, stub = _stub(server)
+    pid = server.process.pid
+    try:
+        before = _rss_kb(pid)
+        flood = service_pb2.ModelInferRequest(model_name="add_sub")
+        for _ in range(2_000_000):
+            flood.inputs.add()
+        assert 3 << 20 < flood.ByteSize() < 5 << 20
+        with pytest.raises(grpc_lib.RpcError) as e:
+            stub.ModelInfer(flood, timeout=60)
+        assert e.value.code() == grpc_lib.StatusCode.INVALID_ARGUMENT
+        assert "2000000 inputs" in e.value.details(), e.value.details()
+        # On a stream, a message that cannot be read ends the stream with the status.
+        with pytest.raises(grpc_lib.RpcError) as e:
+            next(stub.ModelStreamInfer(iter([flood]), timeout=60))
+        assert e.value.code() == grpc_lib.StatusCode.INVALID_ARGUMENT
+        assert "2000000 inputs" in e.value.details(), e.value.details()
+        assert _rss_kb(pid) - before < 200_000, (before, _rss_kb(pid))
+        assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live
+    finally:
+        channel.close()
+
+
 def test_grpc_errors_are_bounded_and_metadata_refuses_the_call_only(server):
     channel, stub = _stub(server)
     try:

@@ -15,6 +15,7 @@
 pub mod error;
 pub mod generate;
 pub mod grpc;
+pub mod grpc_codec;
 pub mod http;
 pub mod listen;
 pub mod openai;
