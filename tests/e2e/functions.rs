@@ -247,6 +247,62 @@ async fn each_limit_gives_its_status_and_others_keep_serving() {
     assert!(log.contains("the probe panics on request"), "{log}");
 }
 
+/// The lines of a streamed body up to its end, and whether it ended in an error (cut).
+async fn read_streamed(server: &TestServer, path: &str) -> (u16, String, bool) {
+    let mut response = server
+        .client
+        .get(server.url(path))
+        .send()
+        .await
+        .expect("the server answers");
+    let status = response.status().as_u16();
+    let mut text = String::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(None) => return (status, text, false),
+            Err(_) => return (status, text, true),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_body_cut_by_a_trap_or_the_time_limit_does_not_read_as_complete() {
+    let repo = temp_dir("empty-repo");
+    let functions = fixture_functions();
+    let server = TestServer::start(&[repo], &["--functions", &functions], &shared_cache()).await;
+    // Three lines, then a panic: the head and the lines went out, the end must not.
+    let (status, text, cut) =
+        read_streamed(&server, "/v1/functions/function_probe/trickle?3").await;
+    assert_eq!((status, text.as_str(), cut), (200, "0\n1\n2\n", true));
+    // The time limit (300 ms) falls while the body trickles.
+    let (status, text, cut) =
+        read_streamed(&server, "/v1/functions/function_tight/trickle?100").await;
+    assert!(status == 200 && cut, "{status} {text:?} cut={cut}");
+    assert!(text.lines().count() < 4, "{text:?}");
+    // A body that completes still reads as complete.
+    let (status, text, cut) = read_streamed(&server, "/v1/functions/function_probe/big?1").await;
+    assert_eq!((status, text.len(), cut), (200, 1024, false));
+    // An informational status is no answer (hyper would switch protocols on a 101).
+    for code in [100, 101, 103] {
+        let (status, text) = get(
+            &server,
+            &format!("/v1/functions/function_probe/status?{code}"),
+        )
+        .await;
+        assert_eq!(status, 500, "{code}: {text}");
+    }
+    assert_eq!(
+        get(&server, "/v1/functions/function_probe/status?418")
+            .await
+            .0,
+        418
+    );
+    let log = server.stop();
+    assert!(log.contains("the response is cut"), "{log}");
+    assert!(log.contains("status 101, an informational status"), "{log}");
+}
+
 #[tokio::test]
 async fn concurrent_invocations_are_batched_with_everyone_else() {
     let repo = temp_dir("empty-repo");

@@ -33,6 +33,40 @@ const INCOMING_HANDLER: &str = "wasi:http/incoming-handler@0.2";
 /// A response body as a function produces it (or an error in the middle of it).
 pub type FunctionBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
+/// A function's response body, which ends only once the guest has: with an error when the
+/// guest failed (trapped, ran out of time) after the head was sent.
+struct GuardedBody {
+    inner: FunctionBody,
+    /// The guest's failure, if any; taken once the inner body has ended.
+    outcome: Option<tokio::sync::oneshot::Receiver<Option<String>>>,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(None) => {}
+            other => return other,
+        }
+        let Some(outcome) = self.outcome.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let failure = match std::pin::Pin::new(outcome).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(failure)) => failure,
+            Poll::Ready(Err(_)) => Some("the function's task ended without an outcome".into()),
+        };
+        self.outcome = None;
+        Poll::Ready(failure.map(|why| Err(format!("the function failed: {why}").into())))
+    }
+}
+
 /// What a function may use; from its manifest, with documented defaults.
 #[derive(Clone, Debug)]
 pub struct FunctionLimits {
@@ -346,13 +380,42 @@ impl WasmFunction {
         });
 
         match tokio::time::timeout_at(deadline, receiver).await {
+            Ok(Ok(Ok(response))) if response.status().is_informational() => {
+                // hyper would send a 101 as a protocol switch, and the connection is lost.
+                let status = response.status().as_u16();
+                drop(response);
+                task.abort();
+                Err(self.failed(format!(
+                    "it answered with status {status}, an informational status; a function answers with a final status (200-599)"
+                )))
+            }
             Ok(Ok(Ok(response))) => {
                 let max_response = self.limits.max_response_body_bytes;
+                // The guest goes on writing the body after the head is sent; if it then
+                // traps or runs out of time, the body must end in an error (the connection
+                // aborted), not as if it were complete.
+                let (ended, outcome) = tokio::sync::oneshot::channel();
+                let name = self.shown_name();
+                tokio::spawn(async move {
+                    let failure = match task.await {
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => Some(e.to_string()),
+                        Err(e) => Some(e.to_string()),
+                    };
+                    if let Some(why) = &failure {
+                        tracing::warn!(function = %name, "the function failed after its response began; the response is cut: {why}");
+                    }
+                    let _ = ended.send(failure);
+                });
                 Ok(response.map(|body| {
-                    http_body_util::Limited::new(
-                        body.map_err(|code| std::io::Error::other(format!("{code:?}"))),
-                        max_response,
-                    )
+                    GuardedBody {
+                        inner: http_body_util::Limited::new(
+                            body.map_err(|code| std::io::Error::other(format!("{code:?}"))),
+                            max_response,
+                        )
+                        .boxed_unsync(),
+                        outcome: Some(outcome),
+                    }
                     .boxed_unsync()
                 }))
             }

@@ -15,6 +15,8 @@
 //! | `/infer?<model>` | calls `<model>` with X = [[1]] (FP32 [1, 1]) and answers Y |
 //! | `/stream?<count>` | streams `stream_probe`'s `count` responses into the body as they come, one `IDX` per line |
 //! | `/panic` | panics |
+//! | `/trickle?<n>` | answers 200 at once, then a line every 100 ms; panics after `n` lines |
+//! | `/status?<code>` | answers with that status |
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -110,6 +112,23 @@ async fn main(request: Request<Body>) -> Result<Response<Body>, Error> {
             }
         }
         "/panic" => panic!("the probe panics on request"),
+        "/trickle" => {
+            let lines: u32 = query.parse().unwrap_or(3);
+            let body = futures_lite::stream::unfold(0u32, move |line| async move {
+                wstd::task::sleep(wstd::time::Duration::from_millis(100)).await;
+                if line == lines {
+                    panic!("the probe panics after {lines} lines");
+                }
+                Some((format!("{line}\n"), line + 1))
+            });
+            return Ok(Response::new(Body::from_stream(body)));
+        }
+        "/status" => {
+            let mut response = Response::new(Body::from("a status of the caller's choosing"));
+            *response.status_mut() = wstd::http::StatusCode::from_u16(query.parse().unwrap_or(200))
+                .unwrap_or(wstd::http::StatusCode::OK);
+            return Ok(response);
+        }
         other => format!("unknown probe {other}"),
     };
     Ok(Response::new(text.into()))
