@@ -4,7 +4,7 @@
 //! | parameter             | unit  | default   | why |
 //! |-----------------------|-------|-----------|-----|
 //! | `max_memory_bytes`    | bytes | 256 MiB   | a guest's linear memory; past it, growth fails and the guest traps. Bounds what one tenant takes from the machine. At most `--wasm-max-memory-bytes` (4 GiB). |
-//! | `execute_deadline_ms` | ms    | 10 000    | wall-clock time of one `execute` (or `initialize`), BLS calls included. A looping guest is interrupted at the next epoch tick (`--epoch-tick-ms`, 5 ms) and its instance replaced. |
+//! | `execute_deadline_ms` | ms    | 10 000    | wall-clock time of one `execute` (or `initialize`), BLS calls included; at most an hour. A looping guest is interrupted at the next epoch tick (`--epoch-tick-ms`, 5 ms) and its instance replaced. |
 //! | `fuel_per_execute`    | fuel  | unlimited | wasmtime fuel (about one unit per instruction) per `execute`: a deterministic CPU budget, independent of machine load. Only on a server started with `--wasm-fuel` (metering slows every guest); refused at load otherwise. |
 //! | `max_output_bytes`    | bytes | 64 MiB    | total output tensor bytes of one response; a larger response fails that request only. |
 //! | `max_table_elements`  | count | 100 000   | elements of one table (function pointers); stops table-growth abuse. |
@@ -54,6 +54,11 @@ impl Default for Limits {
     }
 }
 
+/// The longest `execute_deadline_ms` a handler may have: an hour. Without a bound, a handler
+/// stuck waiting (a BLS call whose callee waits for rate-limiter resources the caller holds)
+/// held its instance and resources until the server restarted.
+pub const MAX_EXECUTE_DEADLINE_MS: u64 = 3_600_000;
+
 impl Limits {
     /// The limits `config` sets; `max_memory_cap` is the server's `--wasm-max-memory-bytes`,
     /// `fuel_metered` its `--wasm-fuel`.
@@ -89,6 +94,11 @@ impl Limits {
             limits.max_memory_bytes = size(n);
         }
         if let Some(n) = number("execute_deadline_ms")? {
+            if n > MAX_EXECUTE_DEADLINE_MS {
+                return Err(format!(
+                    "execute_deadline_ms {n} is more than an hour ({MAX_EXECUTE_DEADLINE_MS}): a handler stuck waiting (on a BLS call, on rate-limiter resources) must give up its instance and resources in time"
+                ));
+            }
             limits.execute_deadline = Duration::from_millis(n);
         }
         if let Some(n) = number("fuel_per_execute")? {
@@ -374,6 +384,17 @@ mod tests {
             Some(u64::MAX),
             "metered, unlimited"
         );
+    }
+
+    #[test]
+    fn a_deadline_past_an_hour_is_refused() {
+        let config = parse(
+            r#"parameters { key: "execute_deadline_ms" value { string_value: "18446744073709551615" } }"#,
+            "c",
+        )
+        .expect("parses");
+        let e = Limits::from_config(&config, 4 << 30, false).expect_err("refused");
+        assert!(e.contains("more than an hour"), "{e}");
     }
 
     #[test]
