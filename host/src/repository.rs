@@ -1288,6 +1288,15 @@ fn prepare(
             Ok(c) => c,
             Err(e) => return fail(entry, e.to_string()),
         }
+    } else if let Origin::Store { revision } = source.origin {
+        // Every deployment writes one: without it the revision was damaged on disk, and
+        // serving it with an empty configuration would answer every request wrongly.
+        return fail(
+            entry,
+            format!(
+                "deployed revision {revision} has no config.pbtxt (the deployment store was damaged): deploy it again or roll it back"
+            ),
+        );
     } else if options.strict_model_config {
         return fail(
             entry,

@@ -477,6 +477,19 @@ async fn rollback_unload_and_restart_with_the_command_line() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(answer(&server, "cli").await, Ok(1.0));
     server.stop();
+
+    // A revision whose config.pbtxt was lost on disk is not served with an empty one.
+    std::fs::remove_file(store.join("models/cli/1/config.pbtxt")).expect("the revision's config");
+    let server = TestServer::start(std::slice::from_ref(&repo), &args, &cache).await;
+    let (status, body) = server.post_json("/v2/repository/index", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let index = body.to_string();
+    assert!(
+        index.contains("UNAVAILABLE") && index.contains("has no config.pbtxt"),
+        "{index}"
+    );
+    assert!(answer(&server, "cli").await.is_err());
+    server.stop();
 }
 
 #[test]
