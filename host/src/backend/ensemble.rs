@@ -70,8 +70,10 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
         .ok_or_else(|| {
             LoadError::invalid("an ensemble needs ensemble_scheduling with at least one step")
         })?;
-    // Where each tensor comes from, with its datatype.
+    // Where each tensor comes from, with its datatype and its whole shape (batch included).
+    let ensemble_batches = config.max_batch_size > 0;
     let mut produced: HashMap<String, (DataType, String)> = HashMap::new();
+    let mut shapes: HashMap<String, Vec<i64>> = HashMap::new();
     for input in &config.input {
         let dt = config::datatype_from_config(input.data_type).ok_or_else(|| {
             LoadError::invalid(format!(
@@ -80,6 +82,10 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
             ))
         })?;
         produced.insert(input.name.clone(), (dt, "the ensemble's inputs".into()));
+        shapes.insert(
+            input.name.clone(),
+            whole_shape(ensemble_batches, &input.dims),
+        );
     }
     let mut steps = Vec::new();
     let mut stream_step = None;
@@ -128,6 +134,7 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
                 )));
             }
             produced.insert(tensor.clone(), (spec.datatype, label.clone()));
+            shapes.insert(tensor.clone(), whole_shape(target.batched, &spec.dims));
             outputs.push((model_output.clone(), tensor.clone()));
         }
         for spec in target.inputs.iter().filter(|s| !s.optional) {
@@ -157,11 +164,8 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
                     step.model
                 )));
             };
-            let want = target
-                .inputs
-                .iter()
-                .find(|s| &s.name == model_input)
-                .map(|s| s.datatype);
+            let spec = target.inputs.iter().find(|s| &s.name == model_input);
+            let want = spec.map(|s| s.datatype);
             if want != Some(*dt) {
                 return Err(LoadError::invalid(format!(
                     "step '{}' input '{model_input}' expects {}, but tensor '{tensor}' from {by} is {dt}",
@@ -169,12 +173,38 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
                     want.map_or("?".into(), |d| d.to_string())
                 )));
             }
+            let expects = spec.map(|s| whole_shape(target.batched, &s.dims));
+            if let (Some(expects), Some(has)) = (expects, shapes.get(tensor))
+                && !shapes_agree(&expects, has)
+            {
+                return Err(LoadError::invalid(format!(
+                    "step '{}' input '{model_input}' takes shape {expects:?}, but tensor '{tensor}' from {by} has shape {has:?} (-1: any size; a batching model's first dimension is its batch)",
+                    step.model
+                )));
+            }
         }
     }
     for output in &config.output {
-        if !produced.contains_key(&output.name) {
+        let Some((dt, by)) = produced.get(&output.name) else {
             return Err(LoadError::invalid(format!(
                 "ensemble output '{}' is not produced by any step",
+                output.name
+            )));
+        };
+        let declared = config::datatype_from_config(output.data_type);
+        if declared != Some(*dt) {
+            return Err(LoadError::invalid(format!(
+                "ensemble output '{}' is declared {}, but {by} produces {dt}",
+                output.name,
+                declared.map_or("with no valid data_type".into(), |d| d.to_string())
+            )));
+        }
+        let declared = whole_shape(ensemble_batches, &output.dims);
+        if let Some(has) = shapes.get(&output.name)
+            && !shapes_agree(&declared, has)
+        {
+            return Err(LoadError::invalid(format!(
+                "ensemble output '{}' is declared with shape {declared:?}, but {by} produces shape {has:?} (-1: any size; a batching model's first dimension is its batch)",
                 output.name
             )));
         }
@@ -194,6 +224,26 @@ fn plan(name: &str, config: &ModelConfig, inference: &dyn Inference) -> Result<P
             .collect(),
         stream_step,
     })
+}
+
+/// A tensor's shape as it travels between the steps: a batching model's dims after its batch
+/// dimension (-1).
+fn whole_shape(batched: bool, dims: &[i64]) -> Vec<i64> {
+    batched
+        .then_some(-1)
+        .into_iter()
+        .chain(dims.iter().copied())
+        .collect()
+}
+
+/// Whether a tensor of shape `has` can be what `expects` takes: the same rank, and equal sizes
+/// wherever both are fixed.
+fn shapes_agree(expects: &[i64], has: &[i64]) -> bool {
+    expects.len() == has.len()
+        && expects
+            .iter()
+            .zip(has)
+            .all(|(a, b)| *a < 0 || *b < 0 || a == b)
 }
 
 /// Per step, whether it reads what `source` produces, directly or through other steps.
@@ -765,6 +815,35 @@ mod tests {
                 .contains("cycle")
         );
         assert!(plan_error(&[("e", "IN", "OUT")]).contains("the ensemble itself"));
+        // What the ensemble declares of its outputs and inputs must be what the steps make and
+        // take (these were READY and failed every request).
+        let declared = |input: &str, output: &str| {
+            let config = config::parse(
+                &format!(
+                    r#"name: "e" platform: "ensemble"
+                       input [ {{ name: "IN" data_type: TYPE_FP32 {input} }} ]
+                       output [ {{ name: "OUT" {output} }} ]
+                       ensemble_scheduling {{ step {{ model_name: "inc" model_version: -1
+                         input_map {{ key: "X" value: "IN" }}
+                         output_map {{ key: "Y" value: "OUT" }} }} }}"#
+                ),
+                "e",
+            )
+            .expect("config");
+            plan("e", &config, &Models::default())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(declared("dims: [ -1 ]", "data_type: TYPE_FP32 dims: [ 8 ]").is_ok());
+        let e = declared("dims: [ -1 ]", "data_type: TYPE_INT32 dims: [ -1 ]").expect_err("type");
+        assert!(e.contains("declared INT32"), "{e}");
+        let e = declared("dims: [ 4, 4 ]", "data_type: TYPE_FP32 dims: [ -1 ]").expect_err("in");
+        assert!(
+            e.contains("takes shape [-1]") && e.contains("[4, 4]"),
+            "{e}"
+        );
+        let e = declared("dims: [ -1 ]", "data_type: TYPE_FP32 dims: [ 2, 8 ]").expect_err("out");
+        assert!(e.contains("declared with shape [2, 8]"), "{e}");
     }
 
     #[tokio::test]
