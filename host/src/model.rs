@@ -120,10 +120,16 @@ impl ModelVersion {
         // or not, so TensorRT-LLM's unary clients work against its streaming configuration;
         // so does an ensemble around one (it refuses a run that sends more).
         if self.decoupled() && !matches!(self.kind, BackendKind::Llm | BackendKind::Ensemble) {
+            // A handler's call (BLS) is told the handler's way to stream, a client the protocol's.
+            let how = if cx.call_chain.is_empty() {
+                "use gRPC ModelStreamInfer or POST /v2/models/{name}/generate_stream"
+            } else {
+                "a handler calls it with infer_stream (Rust) or InferenceRequest(...).exec(decoupled=True) (Python)"
+            };
             return Err(InferError::new(
                 crate::infer::ErrorKind::Unsupported,
                 format!(
-                    "model '{}' is decoupled (it answers with a stream of responses): this call doesn't support models with decoupled transaction policy; use gRPC ModelStreamInfer or POST /v2/models/{{name}}/generate_stream",
+                    "model '{}' is decoupled (it answers with a stream of responses): this call doesn't support models with decoupled transaction policy; {how}",
                     crate::namespace::shown(&self.name)
                 ),
             ));

@@ -162,6 +162,21 @@ def test_extreme_batch_and_priority_settings_load_without_allocating_for_them(st
     assert status == 200, body
 
 
+def test_a_ragged_input_of_a_batching_onnx_model_is_refused_at_load(strings_server):
+    # Joined, requests of shapes [1, 1] and [1, 2] made one malformed tensor, and both failed
+    # with a shape neither client sent.
+    config = STRING_IDENTITY_CONFIG.replace(
+        'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]',
+        'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] allow_ragged_batch: true } ]')
+    assert "allow_ragged_batch" in config
+    status, _, body = strings_server.post_json(
+        "/v2/repository/models/string_identity/load",
+        {"parameters": {"config": json.dumps(_pbtxt_to_json(config))}})
+    assert status == 400, body
+    assert "allow_ragged_batch" in json.loads(body)["error"], body
+    _string_identity_answers(strings_server, b"still")
+
+
 def test_a_warmup_that_would_run_for_hours_is_refused(strings_server):
     config = STRING_IDENTITY_CONFIG + """
 model_warmup [ { name: "forever" batch_size: 1 count: 4000000000

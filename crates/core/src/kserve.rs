@@ -315,7 +315,19 @@ pub fn decode_request_with(
         };
         let binary_size = param_u64(input.parameters.as_ref(), "binary_data_size")?;
         let data = match (in_shared_memory, binary_size) {
-            (Some(place), _) => {
+            (Some(_), Some(_)) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has both shared memory and binary data",
+                    input.name
+                )));
+            }
+            (Some(_), None) if input.data.is_some() => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has both shared memory and data",
+                    input.name
+                )));
+            }
+            (Some(place), None) => {
                 let bytes =
                     read_shared_input(regions, &input.name, datatype, &input.shape, &place)?;
                 decode_binary(&input.name, datatype, bytes)?
@@ -884,6 +896,18 @@ mod tests {
         let r = decode_request_with(&body(16), None, &regions).expect("decodes");
         assert_eq!(r.inputs[0].to_f64_vec(), Some(vec![0.0; 4]));
         assert_eq!(regions.0.get(), 1);
+        // Data beside a region: which one is meant? Refused, as over gRPC.
+        let both = Bytes::from_static(
+            br#"{"inputs":[{"name":"x","shape":[1,1],"datatype":"FP32","data":[1],"parameters":{"shared_memory_region":"r","shared_memory_byte_size":4}}]}"#,
+        );
+        let Err(refused) = decode_request_with(&both, None, &regions) else {
+            panic!("shared memory and data are refused together");
+        };
+        assert!(
+            refused.message.contains("both shared memory and data"),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]

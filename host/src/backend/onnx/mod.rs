@@ -376,6 +376,21 @@ fn load(
     devices: &crate::device::Devices,
 ) -> Result<Vec<Box<dyn ModelInstance>>, LoadError> {
     runtime()?;
+    // ONNX Runtime takes whole tensors: requests of different shapes joined into one batch
+    // would be one malformed tensor (Triton's backend needs a `batch_input` to describe them,
+    // which this one does not read), and every request of such a batch would fail.
+    let batches_requests =
+        config.max_batch_size > 0 && crate::config::dynamic_batching(config).is_some();
+    if let Some(input) = config
+        .input
+        .iter()
+        .find(|i| i.allow_ragged_batch && batches_requests)
+    {
+        return Err(LoadError::unsupported(format!(
+            "input '{}' has allow_ragged_batch: the ONNX Runtime backend batches only requests of one shape (ragged batches need batch_input, which it does not support); remove it, or serve the model without dynamic_batching",
+            input.name
+        )));
+    }
     // Checked for every model, so a mistyped accelerator fails on a CPU-only machine too.
     let gpu_providers = providers::gpu_providers(config)?;
     let path = model_file(config, version_dir, "model.onnx");
