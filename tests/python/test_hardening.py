@@ -130,6 +130,12 @@ def test_a_config_asking_for_too_many_instances_is_refused_before_any_is_made(st
     assert client.infer("string_identity", [inp]).as_numpy("TEXT_OUT").tolist() == [[b"x"]]
 
 
+def _load_string_identity(srv, config: str):
+    """Loads string_identity again with `config` (protobuf text) as a config override."""
+    return srv.post_json("/v2/repository/models/string_identity/load",
+                         {"parameters": {"config": json.dumps(_pbtxt_to_json(config))}})
+
+
 def _string_identity_answers(srv, text: bytes, priority: int = 0) -> None:
     client = httpclient.InferenceServerClient(srv.url)
     inp = httpclient.InferInput("TEXT", [1, 1], "BYTES")
@@ -146,9 +152,7 @@ def test_extreme_batch_and_priority_settings_load_without_allocating_for_them(st
     config = config.replace("dynamic_batching { max_queue_delay_microseconds: 2000 }",
                             "dynamic_batching { max_queue_delay_microseconds: 2000 "
                             "priority_levels: 18446744073709551615 default_priority_level: 1 }")
-    status, _, body = strings_server.post_json(
-        "/v2/repository/models/string_identity/load",
-        {"parameters": {"config": json.dumps(_pbtxt_to_json(config))}})
+    status, _, body = _load_string_identity(strings_server, config)
     assert status == 200, body
     _string_identity_answers(strings_server, b"huge", priority=1 << 40)
     _string_identity_answers(strings_server, b"any level", priority=3)
@@ -156,9 +160,7 @@ def test_extreme_batch_and_priority_settings_load_without_allocating_for_them(st
                   Path(f"/proc/{pid}/status").read_text().splitlines()
                   if line.startswith("VmRSS:"))
     assert rss_kb < 2_000_000, rss_kb
-    status, _, body = strings_server.post_json(
-        "/v2/repository/models/string_identity/load",
-        {"parameters": {"config": json.dumps(_pbtxt_to_json(STRING_IDENTITY_CONFIG))}})
+    status, _, body = _load_string_identity(strings_server, STRING_IDENTITY_CONFIG)
     assert status == 200, body
 
 
@@ -169,9 +171,7 @@ def test_a_ragged_input_of_a_batching_onnx_model_is_refused_at_load(strings_serv
         'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]',
         'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] allow_ragged_batch: true } ]')
     assert "allow_ragged_batch" in config
-    status, _, body = strings_server.post_json(
-        "/v2/repository/models/string_identity/load",
-        {"parameters": {"config": json.dumps(_pbtxt_to_json(config))}})
+    status, _, body = _load_string_identity(strings_server, config)
     assert status == 400, body
     assert "allow_ragged_batch" in json.loads(body)["error"], body
     _string_identity_answers(strings_server, b"still")
@@ -181,9 +181,7 @@ def test_a_warmup_that_would_run_for_hours_is_refused(strings_server):
     config = STRING_IDENTITY_CONFIG + """
 model_warmup [ { name: "forever" batch_size: 1 count: 4000000000
   inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } } ]"""
-    status, _, body = strings_server.post_json(
-        "/v2/repository/models/string_identity/load",
-        {"parameters": {"config": json.dumps(_pbtxt_to_json(config))}})
+    status, _, body = _load_string_identity(strings_server, config)
     assert status == 400, body
     assert "count 4000000000" in json.loads(body)["error"], body
     # A failed reload keeps the serving version.
