@@ -129,6 +129,39 @@ def sum_step(client, sequence_id, value, start=False, end=False):
             float(result.as_numpy("ENDED")[0][0]))
 
 
+def test_a_correlation_id_past_2_63_is_a_valid_uint64(seq_server):
+    """Triton's correlation ids are uint64: 2^64 - 1 is one, over HTTP (a JSON number) and
+    over gRPC (uint64_param; tritonclient itself sends int64_param)."""
+    top = (1 << 64) - 1
+    client = httpclient.InferenceServerClient(seq_server.url)
+    for value, start, end in ((5, True, False), (7, False, True)):
+        tensor = httpclient.InferInput("INPUT", [1, 1], "INT64")
+        tensor.set_data_from_numpy(np.full((1, 1), value, dtype=np.int64))
+        result = client.infer("sequence_sum", [tensor], sequence_id=top,
+                              sequence_start=start, sequence_end=end)
+    assert int(result.as_numpy("SUM")[0][0]) == 12
+    assert result.as_numpy("ID")[0][0].decode() == str(top)
+    client.close()
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    import grpc
+
+    with grpc.insecure_channel(f"{seq_server.host}:{seq_server.grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        sums = []
+        for value, start, end in ((2, True, False), (3, False, True)):
+            request = service_pb2.ModelInferRequest(model_name="sequence_sum")
+            request.inputs.add(name="INPUT", datatype="INT64", shape=[1, 1])
+            request.raw_input_contents.append(np.int64(value).tobytes())
+            request.parameters["sequence_id"].uint64_param = top - 1
+            request.parameters["sequence_start"].bool_param = start
+            request.parameters["sequence_end"].bool_param = end
+            response = stub.ModelInfer(request, timeout=30)
+            outputs = {o.name: i for i, o in enumerate(response.outputs)}
+            sums.append(int(np.frombuffer(response.raw_output_contents[outputs["SUM"]],
+                                          dtype=np.int64)[0]))
+        assert sums == [2, 5]
+
+
 def test_interleaved_sequences_keep_their_own_state_in_a_wasm_handler(seq_server):
     """Four sequences at once from four threads on a two-instance handler: each step sees its
     own running sum (the host keeps the state; any instance runs any step), the CORRID and END

@@ -24,9 +24,11 @@ fn parameter(name: &str, value: pb::InferParameter) -> Result<ParamValue, InferE
     match value.parameter_choice {
         Some(ParameterChoice::BoolParam(b)) => Ok(ParamValue::Bool(b)),
         Some(ParameterChoice::Int64Param(n)) => Ok(ParamValue::Int(n)),
-        Some(ParameterChoice::Uint64Param(n)) => i64::try_from(n)
-            .map(ParamValue::Int)
-            .map_err(|_| InferError::invalid(format!("parameter '{name}' is too large"))),
+        // Kept bit for bit: a correlation id is a uint64 in Triton (one past 2^63 reads back as
+        // itself); a count or a time past 2^63 reads as negative and is refused by its reader.
+        Some(ParameterChoice::Uint64Param(n)) => {
+            Ok(ParamValue::Int(i64::from_ne_bytes(n.to_ne_bytes())))
+        }
         Some(ParameterChoice::DoubleParam(d)) => Ok(ParamValue::Double(d)),
         Some(ParameterChoice::StringParam(s)) => Ok(ParamValue::String(s)),
         None => Err(InferError::invalid(format!(

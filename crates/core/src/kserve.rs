@@ -102,9 +102,11 @@ impl<'de> Deserialize<'de> for ParamJson {
                 Ok(ParamJson(ParamValue::Int(v)))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<ParamJson, E> {
-                i64::try_from(v)
-                    .map(|v| ParamJson(ParamValue::Int(v)))
-                    .map_err(|_| E::custom(format!("parameter value {v} is out of range")))
+                // Bit for bit, as over gRPC: a uint64 correlation id past 2^63 reads back as
+                // itself; a count or a time that large reads as negative and is refused.
+                Ok(ParamJson(ParamValue::Int(i64::from_ne_bytes(
+                    v.to_ne_bytes(),
+                ))))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<ParamJson, E> {
                 Ok(ParamJson(ParamValue::Double(v)))
