@@ -211,7 +211,7 @@ async fn rollback_shared<T: Target>(
     let base = shared
         .latest(key)
         .await?
-        .ok_or_else(|| StoreError::NotDeployed(key.to_owned()))?;
+        .ok_or_else(|| StoreError::NotDeployed(store.what(), key.to_owned()))?;
     if store.manifest(key).map_or(0, |m| m.generation) < base.generation {
         // As in `deploy`: "already serving" is judged against the newest state.
         follow(store, target, key, &base).await?;
@@ -219,7 +219,7 @@ async fn rollback_shared<T: Target>(
     let previous = base
         .previous()
         .cloned()
-        .ok_or_else(|| StoreError::NoEarlierRevision(key.to_owned()))?;
+        .ok_or_else(|| StoreError::NoEarlierRevision(store.what(), key.to_owned()))?;
     let (dir, fetched) = cached_revision(store, key, &previous).await?;
     let Some(built) = target.build(key, previous.revision, &dir).await? else {
         return Ok(Deployed {

@@ -111,6 +111,24 @@ pub fn parse_manifest(text: &str) -> Result<FunctionSpec, String> {
             return Err(format!("limits.{key} must be positive"));
         }
     }
+    let most = crate::backend::wasm::MAX_EXECUTE_DEADLINE_MS;
+    if l.timeout_ms > most {
+        return Err(format!(
+            "limits.timeout_ms {} is more than an hour ({most})",
+            l.timeout_ms
+        ));
+    }
+    // Hosts are matched exactly: a pattern would silently match nothing.
+    if let Some(host) = manifest
+        .outgoing
+        .allowed_hosts
+        .iter()
+        .find(|h| h.is_empty() || h.contains(['*', '/', ' ']))
+    {
+        return Err(format!(
+            "outgoing.allowed_hosts entry {host:?} is not a host name or host:port (hosts are matched exactly; wildcards, paths and empty names are not accepted)"
+        ));
+    }
     let sandbox = Limits {
         max_memory_bytes: size(l.max_memory_bytes),
         execute_deadline: Duration::from_millis(l.timeout_ms),
@@ -681,6 +699,15 @@ mod tests {
         );
         assert_eq!(spec.env, vec![("A".to_owned(), "b".to_owned())]);
         assert_eq!(spec.allowed_hosts, vec!["x:80".to_owned()]);
+        for bad in ["\"*\"", "\"\"", "\"*.example.com\"", "\"http://x/\""] {
+            let text = format!("[outgoing]\nallowed_hosts = [{bad}]\n");
+            let e = parse_manifest(&text).err().unwrap_or_default();
+            assert!(e.contains("matched exactly"), "{bad}: {e}");
+        }
+        let e = parse_manifest("[limits]\ntimeout_ms = 18446744073709551615\n")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("more than an hour"), "{e}");
         assert!(parse_manifest("[limits]\ntimeout = 5\n").is_err(), "a typo");
         assert!(parse_manifest("[limits]\nmax_concurrency = 0\n").is_err());
     }

@@ -222,7 +222,7 @@ impl From<crate::store::StoreError> for ControlError {
         use crate::store::StoreError;
         match e {
             StoreError::Invalid(m) => ControlError::Invalid(m),
-            e @ (StoreError::NotDeployed(_) | StoreError::NoEarlierRevision(_)) => {
+            e @ (StoreError::NotDeployed(..) | StoreError::NoEarlierRevision(..)) => {
                 ControlError::NotFound(e.to_string())
             }
             e @ StoreError::Io { .. } => {

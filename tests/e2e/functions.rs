@@ -471,6 +471,11 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
 
     let (ok, out) = tessera_cli(&["rollback", "greeter", "--function", "--server", &base]);
     assert!(ok && out.contains("revision 1"), "{out}");
+    let (ok, out) = tessera_cli(&["rollback", "nothere", "--function", "--server", &base]);
+    assert!(
+        !ok && out.contains("function 'nothere' has no deployed revision"),
+        "{out}"
+    );
     assert_eq!(
         get(&server, "/v1/functions/greeter/").await,
         (200, "One!\n".to_owned())

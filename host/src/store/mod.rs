@@ -67,10 +67,11 @@ pub enum StoreError {
     },
     #[error("{0}")]
     Invalid(String),
-    #[error("model '{}' has no deployed revision", crate::namespace::shown(.0))]
-    NotDeployed(String),
-    #[error("model '{}' has no earlier revision to roll back to", crate::namespace::shown(.0))]
-    NoEarlierRevision(String),
+    /// (what: "model" or "function", its key)
+    #[error("{} '{}' has no deployed revision", .0, crate::namespace::shown(.1))]
+    NotDeployed(&'static str, String),
+    #[error("{} '{}' has no earlier revision to roll back to", .0, crate::namespace::shown(.1))]
+    NoEarlierRevision(&'static str, String),
 }
 
 impl StoreError {
@@ -306,6 +307,15 @@ impl Store {
             shared: None,
             _lock: lock,
         })
+    }
+
+    /// What this store holds, in the singular, for messages: "model" or "function".
+    pub fn what(&self) -> &'static str {
+        if self.area == "functions" {
+            "function"
+        } else {
+            "model"
+        }
     }
 
     /// Makes this store a replica's cache of `shared`.
@@ -645,19 +655,19 @@ impl Store {
                 .revisions_on_disk(name)
                 .last()
                 .copied()
-                .ok_or_else(|| StoreError::NoEarlierRevision(name.to_owned()))?;
+                .ok_or_else(|| StoreError::NoEarlierRevision(self.what(), name.to_owned()))?;
             return Ok((newest, self.revision_dir(name, newest), String::new()));
         }
         let manifests = self.manifests();
         let manifest = manifests
             .get(name)
-            .ok_or_else(|| StoreError::NotDeployed(name.to_owned()))?;
+            .ok_or_else(|| StoreError::NotDeployed(self.what(), name.to_owned()))?;
         let previous = manifest
             .revisions
             .iter()
             .filter(|r| r.revision < manifest.current)
             .max_by_key(|r| r.revision)
-            .ok_or_else(|| StoreError::NoEarlierRevision(name.to_owned()))?;
+            .ok_or_else(|| StoreError::NoEarlierRevision(self.what(), name.to_owned()))?;
         Ok((
             previous.revision,
             self.revision_dir(name, previous.revision),

@@ -38,7 +38,7 @@ use crate::infer::{BoxFuture, Call, CallContext, ErrorKind, InferError, InferRes
 use crate::metrics::ExecutionTiming;
 pub use function::{FunctionBody, FunctionLimits, FunctionStats, InvokeError, WasmFunction};
 use host::{HostState, WasmModel};
-pub use limits::Limits;
+pub use limits::{Limits, MAX_EXECUTE_DEADLINE_MS};
 
 wasmtime::component::bindgen!({
     path: "../wit",
