@@ -26,6 +26,9 @@ use super::tessera::inference::metrics::MetricKind;
 pub const MAX_SERIES_PER_OWNER: usize = 2_000;
 /// Families on the server at once.
 pub const MAX_FAMILIES: usize = 1_000;
+/// Families one tenant's guests may have created and still hold, so that one tenant cannot take
+/// every family of the server.
+pub const MAX_FAMILIES_PER_TENANT: usize = 100;
 const MAX_NAME_BYTES: usize = 200;
 const MAX_DESCRIPTION_BYTES: usize = 1_024;
 const MAX_LABELS: usize = 16;
@@ -41,6 +44,8 @@ pub struct CustomMetrics {
     families: Mutex<BTreeMap<String, Weak<Family>>>,
     /// Live series per owner (None: the operator's guests).
     owners: Mutex<HashMap<Option<String>, Arc<AtomicUsize>>>,
+    /// Families each tenant created and that still live.
+    tenant_families: Mutex<HashMap<String, Arc<AtomicUsize>>>,
 }
 
 /// One metric name: its help text, kind and series.
@@ -49,6 +54,16 @@ pub struct Family {
     help: String,
     kind: MetricKind,
     series: Mutex<BTreeMap<Labels, Weak<Series>>>,
+    /// The count of families of the tenant that created it, given back when it goes.
+    created_by: Option<Arc<AtomicUsize>>,
+}
+
+impl Drop for Family {
+    fn drop(&mut self) {
+        if let Some(count) = &self.created_by {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// Label pairs, sorted by name (the tenant's first when there is one).
@@ -106,12 +121,23 @@ fn valid_name(name: &str, colons: bool) -> bool {
 }
 
 impl CustomMetrics {
-    /// The family `name`, created when new.
+    /// The family `name`, created when new (by the operator).
     pub fn family(
         &self,
         name: &str,
         description: &str,
         kind: MetricKind,
+    ) -> Result<Arc<Family>, String> {
+        self.family_for(name, description, kind, None)
+    }
+
+    /// The family `name`, created when new by `tenant`'s guest (None: the operator's).
+    pub fn family_for(
+        &self,
+        name: &str,
+        description: &str,
+        kind: MetricKind,
+        tenant: Option<&str>,
     ) -> Result<Arc<Family>, String> {
         if name.len() > MAX_NAME_BYTES || !valid_name(name, true) {
             return Err(format!(
@@ -148,11 +174,28 @@ impl CustomMetrics {
                 ));
             }
         }
+        let created_by = match tenant {
+            None => None,
+            Some(tenant) => {
+                let count = lock(&self.tenant_families)
+                    .entry(tenant.to_owned())
+                    .or_default()
+                    .clone();
+                if count.fetch_add(1, Ordering::AcqRel) >= MAX_FAMILIES_PER_TENANT {
+                    count.fetch_sub(1, Ordering::AcqRel);
+                    return Err(format!(
+                        "tenant '{tenant}' holds {MAX_FAMILIES_PER_TENANT} custom metric families it created, its most"
+                    ));
+                }
+                Some(count)
+            }
+        };
         let family = Arc::new(Family {
             name: name.to_owned(),
             help: description.to_owned(),
             kind,
             series: Mutex::default(),
+            created_by,
         });
         families.insert(name.to_owned(), Arc::downgrade(&family));
         Ok(family)
@@ -605,6 +648,33 @@ mod tests {
         drop(held);
         assert!(
             m.series(&f, Some("greedy"), vec![("i".into(), "x".into())], None)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_tenant_cannot_take_every_family_of_the_server() {
+        let m = CustomMetrics::default();
+        let mut held: Vec<_> = (0..MAX_FAMILIES_PER_TENANT)
+            .map(|i| {
+                m.family_for(&format!("f{i}"), "", MetricKind::Gauge, Some("greedy"))
+                    .unwrap()
+            })
+            .collect();
+        let refused = m
+            .family_for("one_more", "", MetricKind::Gauge, Some("greedy"))
+            .err()
+            .unwrap_or_default();
+        assert!(refused.contains("tenant 'greedy' holds 100"), "{refused}");
+        // Another tenant, and the operator, still can; a family the tenant lets go frees one.
+        assert!(
+            m.family_for("theirs", "", MetricKind::Gauge, Some("other"))
+                .is_ok()
+        );
+        assert!(m.family("operators", "", MetricKind::Gauge).is_ok());
+        held.pop();
+        assert!(
+            m.family_for("one_more", "", MetricKind::Gauge, Some("greedy"))
                 .is_ok()
         );
     }

@@ -110,15 +110,18 @@ impl WasmModel {
                 crate::namespace::shown(&self.name),
                 truncate_chars(&message, MAX_INIT_ERROR_CHARS)
             )),
+            // Named and counted as in `execute`, so a memory limit reads as one.
             Ok(Err(trap)) => Err(format!(
-                "handler '{}' trapped in initialize: {}",
-                crate::namespace::shown(&self.name),
-                trap_cause(&trap)
+                "{} (in initialize)",
+                self.describe_trap(&trap, store.data()).message
             )),
-            Err(_) => Err(format!(
-                "handler '{}' initialize exceeded its deadline",
-                crate::namespace::shown(&self.name)
-            )),
+            Err(_) => {
+                Counters::bump(&self.counters.deadline_kills);
+                Err(format!(
+                    "handler '{}' initialize exceeded its deadline",
+                    crate::namespace::shown(&self.name)
+                ))
+            }
         }
     }
 
@@ -254,6 +257,10 @@ impl AsyncWrite for OutputSink {
         Poll::Ready(Ok(()))
     }
 }
+
+/// The `infer-stream` calls one instance may hold open at once. An LLM BLS holds one per
+/// generation in flight (the engine's slots, tens); each is a request in its model's queue.
+pub const MAX_OPEN_CALL_STREAMS: usize = 256;
 
 /// The response senders a decoupled handler holds (see `decoupled`).
 pub struct Streams {
@@ -805,6 +812,16 @@ impl inference::Host for HostState {
         version: Option<i64>,
         request: types::Request,
     ) -> Result<wasmtime::component::Resource<BlsStream>, types::Error> {
+        if self.streams.reading.len() >= MAX_OPEN_CALL_STREAMS {
+            // Each open stream is a request queued or running in its model, counted by no
+            // admission limit: without a bound, one handler queued 360,000 of them (2.6 GB).
+            return Err(convert::error_to_wit(InferError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "this instance holds {MAX_OPEN_CALL_STREAMS} open infer-stream calls, the most at once: read them to their end or drop them first"
+                ),
+            )));
+        }
         let inference = self.inference()?;
         let request = convert::request_from_wit(request).map_err(convert::error_to_wit)?;
         let stream = inference
@@ -945,7 +962,10 @@ impl metrics::Host for HostState {
         description: String,
         kind: MetricKind,
     ) -> Result<Resource<GuestFamily>, String> {
-        let family = self.custom_metrics().family(&name, &description, kind)?;
+        let tenant = self.tenant_of_guest().map(str::to_owned);
+        let family =
+            self.custom_metrics()
+                .family_for(&name, &description, kind, tenant.as_deref())?;
         self.table()
             .push(GuestFamily(family))
             .map_err(|e| format!("cannot hold another metric family: {e}"))

@@ -1,7 +1,8 @@
 //! Test fixture: a decoupled handler that calls `stream_probe` with `infer_stream` and forwards
 //! every response as it comes (BLS over a stream). When its own caller goes away, it drops the
 //! inner stream, which cancels the call to `stream_probe` too. MODE 9 calls `stream_probe` with a
-//! one-response `infer` instead, which a decoupled model refuses.
+//! one-response `infer` instead, which a decoupled model refuses. MODE 8 opens streams without
+//! reading them until the host refuses one, and fails with how many it opened and why.
 
 use tessera_guest::{DecoupledModel, ModelConfig, Request, ResponseSender, infer, infer_stream};
 
@@ -14,6 +15,20 @@ fn forward(request: Request, sender: ResponseSender) {
         .and_then(|t| t.as_slice::<u32>().ok()?.first().copied())
         .unwrap_or(0);
     let inner = Request::builder().inputs(request.into_inputs()).build();
+    if mode == 8 {
+        let mut held = Vec::new();
+        let refused = loop {
+            match infer_stream("stream_probe", None, inner.clone()) {
+                Ok(stream) => held.push(stream),
+                Err(e) => break e,
+            }
+        };
+        let _ = sender.fail(tessera_guest::Error::internal(format!(
+            "opened {}: {refused}",
+            held.len()
+        )));
+        return;
+    }
     if mode == 9 {
         let _ = match infer("stream_probe", None, inner) {
             Ok(response) => sender.send_final(response),
