@@ -13,6 +13,7 @@
 //! | `--max-connections` / `TESSERA_MAX_CONNECTIONS` | connections | 4 096 | open connections per listener (HTTP, gRPC, metrics); past it the listener stops accepting until one closes. The soft file-descriptor limit is raised to the hard one at start so the bound, not the OS, decides. |
 //! | `--http-header-read-timeout-secs` / `TESSERA_HTTP_HEADER_READ_TIMEOUT_SECS` | s | 10 | an HTTP request's headers (and a gRPC connection's HTTP/2 preface) must arrive within this; an idle keep-alive connection is closed after it too. A slowloris costs a socket for this long. |
 //! | `--http-body-read-timeout-secs` / `TESSERA_HTTP_BODY_READ_TIMEOUT_SECS` | s | 120 | an HTTP request body must arrive in full within this (408 otherwise), however slowly it trickles; large deployments over slow links need more. |
+//! | `--http-max-buffered-bytes` / `TESSERA_HTTP_MAX_BUFFERED_BYTES` | bytes | 2 GiB | request bodies (HTTP) being read at once, all connections together; a body that does not fit (its `Content-Length`, or `--http-max-input-size` when it gives none) is answered 503 at once. Without it, 4 096 connections each trickling a 64 MiB body could hold 256 GiB. |
 //! | `--epoch-tick-ms` / `TESSERA_EPOCH_TICK_MS` | ms | 5 | how often a running Wasm guest is interrupted to check its deadline and yield the thread: the granularity of `execute_deadline_ms`. Shorter costs more interrupts. |
 //! | `--wasm-pool-instances` / `TESSERA_WASM_POOL_INSTANCES` | instances | 1 000 | Wasm instances alive at once, all models together (the pooling allocator's slots; each handler instance takes one). |
 //! | `--wasm-function-cache-bytes` / `TESSERA_WASM_FUNCTION_CACHE_BYTES` | bytes | 256 MiB | compiled functions kept in memory (Cranelift's incremental cache): a component whose functions were compiled before, in any component, compiles from them. Every Python handler carries the same CPython, so the second one compiles about 3× faster (7.8 s, then 2.4-3.0 s in a release build on 2 cores); one such component fills about 41 MB. 0 turns it off. |
@@ -70,6 +71,9 @@ pub struct ServerLimits {
         default_value_t = 120
     )]
     pub http_body_read_timeout_secs: u64,
+    /// Bytes of HTTP request bodies being read at once, all connections together (503 beyond).
+    #[arg(long, env = "TESSERA_HTTP_MAX_BUFFERED_BYTES", default_value_t = 2 << 30)]
+    pub http_max_buffered_bytes: u64,
     /// Milliseconds between interruptions of a running Wasm guest.
     #[arg(long, env = "TESSERA_EPOCH_TICK_MS", default_value_t = 5)]
     pub epoch_tick_ms: u64,
@@ -106,6 +110,7 @@ impl Default for ServerLimits {
             max_connections: 4096,
             http_header_read_timeout_secs: 10,
             http_body_read_timeout_secs: 120,
+            http_max_buffered_bytes: 2 << 30,
             epoch_tick_ms: 5,
             wasm_pool_instances: 1000,
             wasm_max_memory_bytes: 4 << 30,
@@ -180,6 +185,7 @@ impl ServerLimits {
                 "http_body_read_timeout_secs\t{}",
                 self.http_body_read_timeout_secs
             ),
+            format!("http_max_buffered_bytes\t{}", self.http_max_buffered_bytes),
             format!("epoch_tick_ms\t{}", self.epoch_tick_ms),
             format!("wasm_pool_instances\t{}", self.wasm_pool_instances),
             format!("wasm_max_memory_bytes\t{}", self.wasm_max_memory_bytes),

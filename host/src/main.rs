@@ -810,6 +810,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     let app = tessera::protocol::http::router(
         server.clone(),
         serve.http_max_input_size,
+        serve.limits.http_max_buffered_bytes,
         serve.verbose_errors,
     );
     front_ends.spawn(tessera::protocol::listen::serve_http(

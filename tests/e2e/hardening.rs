@@ -422,6 +422,22 @@ async fn slow_headers_and_slow_bodies_cost_a_socket_for_seconds_not_forever() {
         .await
         .expect("answers");
     assert_eq!(again.status().as_u16(), 200);
+    // gRPC: the HTTP/2 preface alone, or with half its SETTINGS frame, does not start a
+    // connection (the preface alone held one for good); preface and SETTINGS whole do.
+    let grpc_port = server.grpc_port.expect("gRPC is on");
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut preface_only = open_with(grpc_port, preface);
+    let mut half_settings = open_with(grpc_port, &[&preface[..], b"\x00\x00\x06\x04\x00"].concat());
+    let mut started = open_with(
+        grpc_port,
+        &[&preface[..], b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"].concat(),
+    );
+    assert!(closed_within(&mut preface_only, Duration::from_secs(5)));
+    assert!(closed_within(&mut half_settings, Duration::from_secs(5)));
+    assert!(
+        !closed_within(&mut started, Duration::from_secs(2)),
+        "a started HTTP/2 connection may idle"
+    );
 }
 
 #[tokio::test]

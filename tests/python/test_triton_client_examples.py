@@ -261,6 +261,25 @@ def test_an_ensemble_input_that_is_no_image_is_refused_by_name(image_server, tex
         client.infer("text_orientation_ensemble", [images])
     assert refused.value.status() == "400", refused.value
     assert "IMAGE[1]" in refused.value.message() and "not a PNG or JPEG" in refused.value.message()
+    # A 50,000,000 × 1 PNG of a few KB (its resizing overflowed the sandbox's 32-bit address
+    # space: a trap and a 500 before) and a JPEG declaring 10,000 × 10,000: refused by name.
+    import io
+    from PIL import Image
+
+    bombs = []
+    for image, fmt in ((Image.new("L", (50_000_000, 1)), "PNG"),
+                       (Image.new("RGB", (10_000, 10_000)), "JPEG")):
+        encoded = io.BytesIO()
+        image.save(encoded, fmt)
+        bombs.append(encoded.getvalue())
+    for bomb in bombs:
+        files = np.array([[bomb]], dtype=np.object_)
+        images = httpclient.InferInput("IMAGE", [1, 1], "BYTES")
+        images.set_data_from_numpy(files, binary_data=True)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("text_orientation_ensemble", [images])
+        assert refused.value.status() == "400", refused.value
+        assert "IMAGE[0]" in refused.value.message(), refused.value.message()
     # The server goes on serving.
     ok = run("ensemble_image_client.py", "-m", "text_orientation_ensemble", "-u",
              image_server.url, str(text_line_images / "a.jpg"))

@@ -37,15 +37,27 @@ struct AppState {
     server: Arc<Server>,
     max_body: usize,
     verbose_errors: bool,
+    /// KiB of request bodies that may be being read at once (`--http-max-buffered-bytes`).
+    buffering: Arc<tokio::sync::Semaphore>,
 }
 
-/// The HTTP routes. `max_body` bounds a request body in bytes; `verbose_errors` sends internal
-/// error details to clients (`--verbose-errors`).
-pub fn router(server: Arc<Server>, max_body: usize, verbose_errors: bool) -> Router {
+/// The HTTP routes. `max_body` bounds a request body in bytes, `max_buffered` all the bodies
+/// being read at once; `verbose_errors` sends internal error details to clients
+/// (`--verbose-errors`).
+pub fn router(
+    server: Arc<Server>,
+    max_body: usize,
+    max_buffered: u64,
+    verbose_errors: bool,
+) -> Router {
+    let kib = usize::try_from(max_buffered.div_ceil(1024))
+        .unwrap_or(usize::MAX)
+        .min(tokio::sync::Semaphore::MAX_PERMITS);
     let state = AppState {
         server,
         max_body,
         verbose_errors,
+        buffering: Arc::new(tokio::sync::Semaphore::new(kib)),
     };
     // Who may call what is read here, not from where layers sit between routes: every route
     // but health needs a key once tenancy is on.
@@ -262,7 +274,7 @@ async fn openai_run(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(body, s.max_body, "--http-max-input-size").await {
+    let body = match read_body(s, body, s.max_body, "--http-max-input-size").await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -821,7 +833,7 @@ async fn deployment_parameters(
         .saturating_mul(4)
         .div_ceil(3)
         .saturating_add(1 << 20);
-    let body = read_body(body, limit, "--max-deployment-bytes")
+    let body = read_body(s, body, limit, "--max-deployment-bytes")
         .await
         .map_err(Box::new)?;
     control_parameters(&body).map_err(|e| Box::new(error_response(&e)))
@@ -1044,7 +1056,7 @@ async fn start_generate(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<super::ClientStream, Response> {
-    let body = read_body(body, s.max_body, "--http-max-input-size").await?;
+    let body = read_body(s, body, s.max_body, "--http-max-input-size").await?;
     super::generate::start(
         &s.server,
         principal,
@@ -1058,18 +1070,45 @@ async fn start_generate(
     .map_err(|e| error_response(&e))
 }
 
-async fn read_body(body: Body, limit: usize, flag: &str) -> Result<Bytes, Response> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
-            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-        if too_large {
-            (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                axum::Json(json!({ "error": format!("request body exceeds the limit of {limit} bytes ({flag})") })),
+/// Reads a request body whole, within `limit` bytes and the server's budget for bodies being
+/// read at once (`s.buffering`): a body whose `Content-Length` is over the limit is refused
+/// before a byte of it is read (and before hyper says `100 Continue`).
+async fn read_body(s: &AppState, body: Body, limit: usize, flag: &str) -> Result<Bytes, Response> {
+    use http_body::Body as _;
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            axum::Json(json!({ "error": format!("request body exceeds the limit of {limit} bytes ({flag})") })),
+        )
+            .into_response()
+    };
+    let declared = body.size_hint().exact();
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    // A body of unknown length may take up to the limit; the budget is in KiB.
+    let reserve = declared.unwrap_or(limit as u64).div_ceil(1024);
+    let reserve = u32::try_from(reserve).unwrap_or(u32::MAX);
+    let _reserved = match s.buffering.clone().try_acquire_many_owned(reserve.max(1)) {
+        Ok(permit) => permit,
+        Err(_) => {
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                axum::Json(json!({ "error": "the server is reading as many request bodies as it may hold at once (--http-max-buffered-bytes); retry" })),
             )
-                .into_response()
+                .into_response());
+        }
+    };
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let over = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if over {
+            too_large()
         } else {
-            error_response(InferError::invalid(format!("failed to read the request body: {e}")))
+            error_response(InferError::invalid(format!(
+                "failed to read the request body: {e}"
+            )))
         }
     })
 }
@@ -1082,7 +1121,7 @@ async fn run_infer(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = match read_body(body, s.max_body, "--http-max-input-size").await {
+    let body = match read_body(&s, body, s.max_body, "--http-max-input-size").await {
         Ok(b) => b,
         Err(response) => return response,
     };
@@ -1520,7 +1559,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn health_is_open_every_other_route_needs_a_key() {
         let (server, _scratch) = server(Default::default()).await;
-        let app = router(server.clone(), 1 << 20, false);
+        let app = router(server.clone(), 1 << 20, 1 << 30, false);
         for path in ["/v2/health/live", "/v2/health/ready"] {
             assert_eq!(
                 call(&app, "GET", path, None, Value::Null).await.0,
@@ -1549,7 +1588,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn each_model_route_takes_a_version_or_none() {
         let (server, _scratch) = server(Default::default()).await;
-        let app = router(server.clone(), 1 << 20, false);
+        let app = router(server.clone(), 1 << 20, 1 << 30, false);
         let key = Some(ADMIN);
         for suffix in ["", "/ready", "/config", "/stats"] {
             let plain = format!("/v2/models/add_sub_wasm{suffix}");
@@ -1602,7 +1641,7 @@ mod tests {
         };
         let (server, _scratch) = server(limits).await;
         let infer = |max_body: usize| {
-            let app = router(server.clone(), max_body, false);
+            let app = router(server.clone(), max_body, 1 << 30, false);
             async move {
                 let path = "/v2/models/add_sub_wasm/infer";
                 call(&app, "POST", path, Some(ADMIN), add_sub_request()).await
@@ -1611,6 +1650,17 @@ mod tests {
         // A body over --http-max-input-size: 413 before decoding.
         let (status, body) = infer(64).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+        // No room left to read bodies into: 503 at once, naming the limit.
+        let full = router(server.clone(), 1 << 20, 0, false);
+        let path = "/v2/models/add_sub_wasm/infer";
+        let (status, body) = call(&full, "POST", path, Some(ADMIN), add_sub_request()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("--http-max-buffered-bytes")),
+            "{body}"
+        );
         // No request may be in flight: 503 at once, naming the limit.
         let (status, body) = infer(1 << 20).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");

@@ -8,9 +8,9 @@
 //! - **HTTP/1 request headers** must arrive within `--http-header-read-timeout-secs` (hyper's
 //!   own timer, which also closes a keep-alive connection left idle that long), and a **request
 //!   body** within `--http-body-read-timeout-secs` of the request ([`DeadlineBody`]; 408).
-//! - **gRPC (HTTP/2) connections** must send the HTTP/2 preface within the header timeout
-//!   ([`Bounded`]); after that, an idle HTTP/2 connection is legitimate (clients keep channels
-//!   open) and is bounded by the connection limit.
+//! - **gRPC (HTTP/2) connections** must send the HTTP/2 preface and their first SETTINGS frame
+//!   within the header timeout ([`Bounded`]); after that, an idle HTTP/2 connection is
+//!   legitimate (clients keep channels open) and is bounded by the connection limit.
 //! - **At shutdown** readiness drops first, listeners stop accepting, every open connection is
 //!   asked to finish (HTTP/1: after its request in flight; HTTP/2: GOAWAY, streams in flight
 //!   finish), and whatever is still open after `--exit-timeout-secs` is closed.
@@ -151,14 +151,53 @@ pub fn grpc_incoming(
 
 /// HTTP/2's connection preface, which a client sends first.
 const HTTP2_PREFACE_LEN: usize = 24;
+/// An HTTP/2 frame's header: the 24-bit length of its payload, its type, flags and stream.
+const HTTP2_FRAME_HEADER_LEN: usize = 9;
 
 /// A TCP connection that holds a connection permit while it lives, and fails its reads when the
-/// client has not sent the HTTP/2 preface within the deadline.
+/// client has not started HTTP/2 within the deadline: the preface and the SETTINGS frame that
+/// must follow it (RFC 9113, 3.4), whole. The preface alone held a connection for good.
 pub struct Bounded {
     tcp: TcpStream,
     _permit: OwnedSemaphorePermit,
-    /// Until the preface has arrived: the deadline and the bytes read so far.
-    preface: Option<(Pin<Box<tokio::time::Sleep>>, usize)>,
+    /// Until the client's first frame has arrived: the deadline and what was read of it.
+    preface: Option<(Pin<Box<tokio::time::Sleep>>, Start)>,
+}
+
+/// The first bytes of an HTTP/2 connection, as far as they were read.
+struct Start {
+    seen: usize,
+    /// The preface and the first frame's header.
+    head: [u8; HTTP2_PREFACE_LEN + HTTP2_FRAME_HEADER_LEN],
+}
+
+impl Default for Start {
+    fn default() -> Start {
+        Start {
+            seen: 0,
+            head: [0; HTTP2_PREFACE_LEN + HTTP2_FRAME_HEADER_LEN],
+        }
+    }
+}
+
+impl Start {
+    /// Takes newly read bytes; true once the preface and the whole first frame are in.
+    fn read(&mut self, bytes: &[u8]) -> bool {
+        for &byte in bytes {
+            if let Some(slot) = self.head.get_mut(self.seen) {
+                *slot = byte;
+            }
+            self.seen += 1;
+        }
+        if self.seen < self.head.len() {
+            return false;
+        }
+        let at = HTTP2_PREFACE_LEN;
+        let payload = usize::from(self.head[at]) << 16
+            | usize::from(self.head[at + 1]) << 8
+            | usize::from(self.head[at + 2]);
+        self.seen >= self.head.len() + payload
+    }
 }
 
 impl Bounded {
@@ -166,7 +205,7 @@ impl Bounded {
         Bounded {
             tcp,
             _permit: permit,
-            preface: Some((Box::pin(tokio::time::sleep(timeout)), 0)),
+            preface: Some((Box::pin(tokio::time::sleep(timeout)), Start::default())),
         }
     }
 }
@@ -180,13 +219,12 @@ impl AsyncRead for Bounded {
         let before = buf.filled().len();
         let this = &mut *self;
         let read = Pin::new(&mut this.tcp).poll_read(cx, buf);
-        if let Some((deadline, seen)) = &mut this.preface {
-            if let Poll::Ready(Ok(())) = read {
-                *seen += buf.filled().len() - before;
-                if *seen >= HTTP2_PREFACE_LEN {
-                    this.preface = None;
-                    return read;
-                }
+        if let Some((deadline, start)) = &mut this.preface {
+            if let Poll::Ready(Ok(())) = read
+                && start.read(&buf.filled()[before..])
+            {
+                this.preface = None;
+                return read;
             }
             if deadline.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(std::io::Error::new(
