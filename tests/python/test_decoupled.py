@@ -330,7 +330,7 @@ def test_a_handler_reads_a_decoupled_models_stream_and_forwards_it(probe_server)
         # no admission limit counts (one handler queued 360,000 of them before).
         refused = list(stub.ModelStreamInfer(iter([relay_request(1, 1, mode=8)]), timeout=60))
         message = refused[0].error_message
-        assert "opened 256:" in message and "256 open infer-stream calls" in message, message
+        assert "opened 1024:" in message and "1024 open infer-stream calls" in message, message
         answers = list(stub.ModelStreamInfer(iter([relay_request(3, 8)]), timeout=30))
         assert len(answers) == 3 and all(a.error_message == "" for a in answers)
     finally:

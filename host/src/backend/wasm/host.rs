@@ -259,8 +259,9 @@ impl AsyncWrite for OutputSink {
 }
 
 /// The `infer-stream` calls one instance may hold open at once. An LLM BLS holds one per
-/// generation in flight (the engine's slots, tens); each is a request in its model's queue.
-pub const MAX_OPEN_CALL_STREAMS: usize = 256;
+/// generation in flight, generating or waiting for a slot (`max_num_seqs` is at most 256);
+/// each is a request in its model's queue. Past it, the call is refused (429 to a client).
+pub const MAX_OPEN_CALL_STREAMS: usize = 1024;
 
 /// The response senders a decoupled handler holds (see `decoupled`).
 pub struct Streams {
