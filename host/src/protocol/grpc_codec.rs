@@ -109,17 +109,9 @@ fn fields(mut wire: &[u8]) -> impl Iterator<Item = (u64, Option<&[u8]>)> {
     })
 }
 
+/// prost's varint reader, on a byte slice it advances.
 fn varint(wire: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = wire.split_first()?;
-        *wire = rest;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
+    prost::encoding::decode_varint(wire).ok()
 }
 
 fn skip<'a>(wire: &mut &'a [u8], len: usize) -> Option<&'a [u8]> {
