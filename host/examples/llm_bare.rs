@@ -11,7 +11,14 @@
 //!         per sequence per step): llama.cpp's own batched loop. Prints JSON with the time to
 //!         first token, the inter-token latencies (p50, p99) and output tokens/s.
 //!
+//!     llm_bare steps MODEL.gguf
+//!         What one step costs by what it holds: for each number of decoding sequences and each
+//!         prompt chunk added beside them, the median time of a step and the tokens per second
+//!         (all and decoded); then sixteen decoding slots in ascending, descending and gapped
+//!         order. The ground for the engine's step planning.
+//!
 //! Threads: all cores, as the server's engine uses by default (`LLM_THREADS` to change).
+//! `LLM_KV_UNIFIED=1` gives all sequences one KV cache, not a region per slot as the server does.
 //! `LLM_GPU=1` puts every layer on the GPU (a build with `--features llm-cuda`); else the CPU.
 
 use std::io::BufRead;
@@ -38,7 +45,7 @@ fn context_params(slots: u32, per_slot: u32) -> LlamaContextParams {
     LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(slots * per_slot))
         .with_n_seq_max(slots)
-        .with_kv_unified(false)
+        .with_kv_unified(std::env::var("LLM_KV_UNIFIED").is_ok_and(|v| v == "1"))
         .with_n_batch(2048)
         .with_n_ubatch(512)
         .with_n_threads(threads())
@@ -156,11 +163,92 @@ fn bench(
     Ok(())
 }
 
+fn steps(backend: &LlamaBackend, model: &LlamaModel) -> anyhow::Result<()> {
+    const DECODERS: usize = 16;
+    const PROMPT: usize = 128;
+    const REPEAT: usize = 7;
+    // Slots 0..32 decode (room for every other slot), the last one takes prompt chunks.
+    const SLOTS: usize = 2 * DECODERS + 1;
+    let newcomer = (SLOTS - 1) as i32;
+    let mut ctx = model.new_context(backend, context_params(SLOTS as u32, 1024))?;
+    let mut batch = LlamaBatch::new(DECODERS * PROMPT + 512, SLOTS as i32);
+    let mut positions = [PROMPT as i32; SLOTS];
+    for s in 0..2 * DECODERS {
+        batch.clear();
+        for i in 0..PROMPT {
+            let t = 100 + ((i * 7 + s * 13) % 20000) as i32;
+            batch.add(LlamaToken(t), i as i32, &[s as i32], i + 1 == PROMPT)?;
+        }
+        ctx.decode(&mut batch)?;
+    }
+    // One step: the next token of each slot in `decoding` (in that order), then `chunk` prompt
+    // tokens of the newcomer; the median time of REPEAT such steps.
+    let mut time_steps = |decoding: &[usize], chunk: usize| -> anyhow::Result<f64> {
+        ctx.clear_kv_cache_seq(Some(newcomer as u32), None, None)?;
+        let mut times = Vec::new();
+        for r in 0..REPEAT {
+            batch.clear();
+            for &s in decoding {
+                batch.add(LlamaToken(200 + s as i32), positions[s], &[s as i32], true)?;
+            }
+            for k in 0..chunk {
+                let at = r * chunk + k;
+                let token = LlamaToken(300 + (at % 5000) as i32);
+                batch.add(token, at as i32, &[newcomer], k + 1 == chunk)?;
+            }
+            let t0 = Instant::now();
+            ctx.decode(&mut batch)?;
+            times.push(t0.elapsed().as_secs_f64());
+            for &s in decoding {
+                positions[s] += 1;
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[REPEAT / 2])
+    };
+    println!(
+        "| decoding | prompt chunk | step ms (median of {REPEAT}) | tokens/s | decoded tokens/s |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for decoders in [1usize, 4, 8, 16] {
+        let slots: Vec<usize> = (0..decoders).collect();
+        for chunk in [0usize, 8, 16, 32, 64, 128] {
+            let t = time_steps(&slots, chunk)?;
+            println!(
+                "| {decoders} | {chunk} | {:.1} | {:.0} | {:.0} |",
+                t * 1e3,
+                (decoders + chunk) as f64 / t,
+                decoders as f64 / t
+            );
+        }
+    }
+    // llama.cpp splits a batch over a per-sequence KV cache into micro-batches of consecutive
+    // sequence ids, taken in batch order: the same sixteen tokens cost more the more runs
+    // their slots make.
+    println!();
+    println!(
+        "| 16 decoding, slots in the batch | step ms (median of {REPEAT}) | decoded tokens/s |"
+    );
+    println!("|---|---:|---:|");
+    let ascending: Vec<usize> = (0..DECODERS).collect();
+    let descending: Vec<usize> = (0..DECODERS).rev().collect();
+    let every_other: Vec<usize> = (0..DECODERS).map(|s| 2 * s).collect();
+    for (name, slots) in [
+        ("0..15 ascending", &ascending),
+        ("15..0 descending", &descending),
+        ("0, 2, .., 30 ascending", &every_other),
+    ] {
+        let t = time_steps(slots, 0)?;
+        println!("| {name} | {:.1} | {:.0} |", t * 1e3, DECODERS as f64 / t);
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let mut backend = LlamaBackend::init()?;
     backend.void_logs();
-    let usage = "usage: llm_bare greedy MODEL MAX_TOKENS | bench MODEL STREAMS PROMPT GENERATED";
+    let usage = "usage: llm_bare greedy MODEL MAX_TOKENS | bench MODEL STREAMS PROMPT GENERATED | steps MODEL";
     let Some(mode) = args.get(1) else {
         bail!(usage)
     };
@@ -174,6 +262,7 @@ fn main() -> anyhow::Result<()> {
     match mode.as_str() {
         "greedy" => greedy(&backend, &model, arg(3)?),
         "bench" => bench(&backend, &model, arg(3)?, arg(4)?, arg(5)?),
+        "steps" => steps(&backend, &model),
         _ => bail!(usage),
     }
 }

@@ -35,8 +35,9 @@ pub struct EngineSettings {
     pub context_per_slot: u32,
     /// The most tokens one step decodes (`max_num_batched_tokens`).
     pub max_step_tokens: u32,
-    /// Prompt tokens a step adds while other sequences decode (`prefill_chunk_tokens`): the
-    /// bound on how much a new prompt slows the running streams.
+    /// Prompt tokens a step adds while other sequences decode (`prefill_chunk_tokens`), or as
+    /// many as sequences decode if more: the bound on how much a new prompt slows the running
+    /// streams.
     pub prefill_chunk: u32,
     /// Waiting prompts per decoding sequence from which a step prefills with its whole budget
     /// rather than a chunk (`waiting_served_ratio`, TGI's name); `None`: always a chunk.
@@ -471,53 +472,41 @@ impl TokenLoop<'_> {
 
         let capacity = self.settings.max_step_tokens as usize;
         let slots = self.settings.slots as usize;
+        let states: Vec<SequenceState> = self
+            .sequences
+            .iter()
+            .map(|seq| SequenceState {
+                slot: seq.slot,
+                decoding: seq.next.is_some() && !step.paused.contains(&seq.slot),
+                prompt_left: if seq.next.is_some() {
+                    0
+                } else {
+                    seq.request.prompt.len().saturating_sub(seq.prefilled)
+                },
+            })
+            .collect();
+        let plan = plan_step(&states, &self.settings);
+        report.decoded = plan.iter().filter(|&&(_, take)| take == 0).count();
+        report.prefilled = plan.iter().map(|&(_, take)| take).sum();
         let batch = self
             .batch
             .get_or_insert_with(|| LlamaBatch::new(capacity + slots, slots as i32));
         batch.clear();
         // (index into sequences, index in the batch of the token whose logits it samples)
         let mut sampled_at: Vec<(usize, i32)> = Vec::new();
-        let mut used = 0usize;
-        for (i, seq) in self.sequences.iter().enumerate() {
-            let Some(token) = seq.next else { continue };
-            if step.paused.contains(&seq.slot) {
-                continue;
-            }
-            // At most one token per slot: the batch has room for all of them.
-            let _ = batch.add(LlamaToken(token), seq.position, &[seq.slot as i32], true);
-            sampled_at.push((i, used as i32));
-            used += 1;
-        }
-        report.decoded = used;
-        // Prompts: the whole budget while nothing decodes, or while many wait compared with
-        // those decoding (a burst of new requests: the sooner they all decode, the fuller and
-        // cheaper per token every later step, as TGI's waiting_served_ratio); else a chunk, so a
-        // prompt joining running streams slows each of their steps by a bounded amount.
-        let waiting = self
-            .sequences
-            .iter()
-            .filter(|s| s.next.is_none() && s.prefilled < s.request.prompt.len())
-            .count();
-        let burst = self
-            .settings
-            .waiting_served_ratio
-            .is_some_and(|ratio| waiting as f32 >= ratio * used as f32);
-        let mut budget = if used == 0 || burst {
-            capacity.saturating_sub(used)
-        } else {
-            (self.settings.prefill_chunk as usize).min(capacity.saturating_sub(used))
-        };
         let mut chunks: Vec<(usize, usize)> = Vec::new();
-        for (i, seq) in self.sequences.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            let remaining = seq.request.prompt.len() - seq.prefilled;
-            if remaining == 0 || seq.next.is_some() {
+        let mut used = 0usize;
+        for (i, take) in plan {
+            let seq = &self.sequences[i];
+            if take == 0 {
+                let Some(token) = seq.next else { continue };
+                // At most one token per slot: the batch has room for all of them.
+                let _ = batch.add(LlamaToken(token), seq.position, &[seq.slot as i32], true);
+                sampled_at.push((i, used as i32));
+                used += 1;
                 continue;
             }
-            let take = remaining.min(budget);
-            let completes = take == remaining;
+            let completes = seq.prefilled + take == seq.request.prompt.len();
             for k in 0..take {
                 let at = seq.prefilled + k;
                 let last = completes && k + 1 == take;
@@ -534,8 +523,6 @@ impl TokenLoop<'_> {
                 used += 1;
             }
             chunks.push((i, take));
-            budget -= take;
-            report.prefilled += take;
         }
         if used == 0 {
             report.elapsed = started.elapsed();
@@ -649,6 +636,63 @@ impl TokenLoop<'_> {
     }
 }
 
+/// A sequence as the step planner sees it.
+#[derive(Clone, Copy, Debug)]
+struct SequenceState {
+    slot: u32,
+    /// It feeds its last token this step (it is past its prompt and its reader keeps up).
+    decoding: bool,
+    /// Prompt tokens not yet in the cache.
+    prompt_left: usize,
+}
+
+/// What each sequence adds to the next step, as (index in `sequences`, prompt tokens): 0 for a
+/// decoding sequence's next token, n for n tokens of a prompt. In slot order.
+///
+/// Prompts get the whole token budget while nothing decodes, or while many wait compared with
+/// those decoding (a burst of new requests: the sooner they all decode, the fuller and cheaper
+/// per token every later step; TGI's `waiting_served_ratio`). Otherwise a chunk of
+/// `prefill_chunk` tokens, or as many as sequences decode if more: on the CPU a step costs
+/// about the same per token whatever it holds, so a chunk that size keeps a mixed step within
+/// about twice a decoding step (`llm_bare steps`). Prompts are served first come, first served.
+fn plan_step(sequences: &[SequenceState], settings: &EngineSettings) -> Vec<(usize, usize)> {
+    let capacity = settings.max_step_tokens as usize;
+    let mut plan: Vec<(usize, usize)> = sequences
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.decoding)
+        .map(|(i, _)| (i, 0))
+        .collect();
+    let decoding = plan.len();
+    let waiting = sequences.iter().filter(|s| s.prompt_left > 0).count();
+    let burst = settings
+        .waiting_served_ratio
+        .is_some_and(|ratio| waiting as f32 >= ratio * decoding as f32);
+    let mut budget = if decoding == 0 || burst {
+        capacity.saturating_sub(decoding)
+    } else {
+        (settings.prefill_chunk as usize)
+            .max(decoding)
+            .min(capacity.saturating_sub(decoding))
+    };
+    for (i, s) in sequences.iter().enumerate() {
+        if budget == 0 {
+            break;
+        }
+        if s.prompt_left > 0 {
+            let take = s.prompt_left.min(budget);
+            plan.push((i, take));
+            budget -= take;
+        }
+    }
+    // llama.cpp cuts a batch over a per-slot KV cache into micro-batches of consecutive slots,
+    // taken in batch order, and each micro-batch reads every weight once: sixteen decoding
+    // slots in descending order cost 2.6x the same slots ascending (`llm_bare steps`). So the
+    // batch goes in slot order, and the request side fills the lowest free slot.
+    plan.sort_unstable_by_key(|&(i, _)| sequences[i].slot);
+    plan
+}
+
 /// Appends a token's bytes to the unfinished character before it; true if the output still
 /// ends inside a character. Bytes that can never become valid UTF-8 are let through (they are
 /// not held back forever).
@@ -686,6 +730,85 @@ fn log_prob_of(logits: &[f32], token: i32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn settings(prefill_chunk: u32, waiting_served_ratio: Option<f32>) -> EngineSettings {
+        EngineSettings {
+            model_path: PathBuf::new(),
+            slots: 16,
+            context_per_slot: 1024,
+            max_step_tokens: 512,
+            prefill_chunk,
+            waiting_served_ratio,
+            threads: 1,
+            gpu: None,
+        }
+    }
+
+    fn decoding(slot: u32) -> SequenceState {
+        SequenceState {
+            slot,
+            decoding: true,
+            prompt_left: 0,
+        }
+    }
+
+    fn prompt(slot: u32, tokens: usize) -> SequenceState {
+        SequenceState {
+            slot,
+            decoding: false,
+            prompt_left: tokens,
+        }
+    }
+
+    #[test]
+    fn a_step_holds_its_sequences_in_slot_order() {
+        // Arrival order 5, 3, 9, 0 (a prompt), 1 (paused: neither decoding nor prefilling).
+        let paused = SequenceState {
+            slot: 1,
+            decoding: false,
+            prompt_left: 0,
+        };
+        let seqs = [decoding(5), decoding(3), decoding(9), prompt(0, 4), paused];
+        let plan = plan_step(&seqs, &settings(8, None));
+        let slots: Vec<u32> = plan.iter().map(|&(i, _)| seqs[i].slot).collect();
+        assert_eq!(slots, [0, 3, 5, 9]);
+        assert_eq!(plan[0], (3, 4));
+    }
+
+    #[test]
+    fn a_prompt_joining_decoding_sequences_gets_a_chunk_as_large_as_they_are_many() {
+        let mut seqs: Vec<SequenceState> = (0..12).map(decoding).collect();
+        seqs.push(prompt(12, 1000));
+        let chunk = |seqs: &[SequenceState], s: &EngineSettings| -> usize {
+            plan_step(seqs, s).iter().map(|&(_, t)| t).sum()
+        };
+        // 12 decoding: 12 tokens, not the floor of 8; the floor when fewer decode.
+        assert_eq!(chunk(&seqs, &settings(8, None)), 12);
+        assert_eq!(chunk(&seqs[8..], &settings(8, None)), 8);
+        assert_eq!(chunk(&seqs, &settings(64, None)), 64);
+        // Nothing decoding: the whole budget.
+        assert_eq!(chunk(&seqs[12..], &settings(8, None)), 512);
+    }
+
+    #[test]
+    fn a_burst_of_prompts_is_prefilled_with_the_whole_budget() {
+        // 2 decoding, 3 waiting: 3 >= 0.5 * 2, a burst; first come, first served.
+        let seqs = [
+            decoding(0),
+            decoding(1),
+            prompt(4, 300),
+            prompt(2, 300),
+            prompt(3, 300),
+        ];
+        let plan = plan_step(&seqs, &settings(8, Some(0.5)));
+        let taken: Vec<(u32, usize)> = plan.iter().map(|&(i, t)| (seqs[i].slot, t)).collect();
+        assert_eq!(taken, [(0, 0), (1, 0), (2, 210), (4, 300)]);
+        // The same with more decoding than the ratio allows: a chunk.
+        let mut many: Vec<SequenceState> = (0..8).map(decoding).collect();
+        many.push(prompt(8, 300));
+        let plan = plan_step(&many, &settings(8, Some(0.5)));
+        assert_eq!(plan.iter().map(|&(_, t)| t).sum::<usize>(), 8);
+    }
 
     #[test]
     fn log_probs_are_a_distribution() {

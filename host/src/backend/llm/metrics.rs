@@ -166,7 +166,7 @@ impl EngineRegistry {
             ),
             (
                 "tessera_llm_step_prompt_tokens_while_decoding",
-                "Prompt tokens prefilled in a step that also decoded running sequences (bounded by prefill_chunk_tokens)",
+                "Prompt tokens prefilled in a step that also decoded running sequences (prefill_chunk_tokens or the number decoding, or the whole budget in a burst)",
                 |m| &m.step_prompt_tokens_while_decoding,
             ),
         ];

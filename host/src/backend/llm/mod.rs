@@ -17,7 +17,7 @@ mod contract;
 pub mod engine;
 pub mod metrics;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -73,13 +73,16 @@ fn settings(ctx: &LoadContext) -> Result<EngineSettings, LoadError> {
     let context_per_slot = number(config, "max_sequence_length", 2048)?;
     let max_step_tokens = number(config, "max_num_batched_tokens", 512)?;
     let gpu = ctx.instances.first().and_then(|slot| slot.gpu);
-    // Measured with SmolLM2-135M at 16 streams (docs/benchmarks.md): on 2 CPU cores a larger
-    // chunk stalls the decoding streams; on an H200 a step costs the same for 16 or 64 prompt
-    // tokens, and 64 gave 1.7x the tokens/s of 16 and two fifths of its TTFT p99.
+    // Measured with SmolLM2-135M (docs/benchmarks.md). On 2 CPU cores a step costs about the
+    // same per token whatever it holds, so a chunk as large as the decoding sequences (8 at
+    // least) keeps mixed steps within about twice a decoding step, and prefilling a burst of
+    // new prompts together (ratio 0.5) gave 1.1x the tokens/s at 16 streams. On an H200 a step
+    // costs the same for 16 or 64 prompt tokens, and 64 gave 1.7x the tokens/s of 16; bursts
+    // were not measured there, so a GPU instance leaves them off.
     let prefill_chunk = number(
         config,
         "prefill_chunk_tokens",
-        if gpu.is_some() { 64 } else { 16 },
+        if gpu.is_some() { 64 } else { 8 },
     )?;
     if context_per_slot < 16 || max_step_tokens < 16 || prefill_chunk == 0 {
         return Err(LoadError::invalid(
@@ -87,7 +90,8 @@ fn settings(ctx: &LoadContext) -> Result<EngineSettings, LoadError> {
         ));
     }
     let waiting_served_ratio = match config::string_parameter(config, "waiting_served_ratio") {
-        None => None,
+        None => gpu.is_none().then_some(0.5),
+        Some(text) if text.trim() == "none" => None,
         Some(text) => text
             .trim()
             .parse::<f32>()
@@ -95,7 +99,7 @@ fn settings(ctx: &LoadContext) -> Result<EngineSettings, LoadError> {
             .filter(|r| r.is_finite() && *r >= 0.0)
             .ok_or_else(|| {
                 LoadError::invalid(format!(
-                    "parameter 'waiting_served_ratio' must be a number >= 0, got '{text}'"
+                    "parameter 'waiting_served_ratio' must be a number >= 0 or 'none', got '{text}'"
                 ))
             })
             .map(Some)?,
@@ -164,7 +168,7 @@ impl Backend for LlmBackend {
                 engine,
                 metrics,
                 meter: self.meter.clone(),
-                free: (0..facts.slots).rev().collect(),
+                free: (0..facts.slots).collect(),
                 facts,
                 exclude_input,
                 active: HashMap::new(),
@@ -220,8 +224,9 @@ pub struct LlmInstance {
     meter: Arc<dyn TokenMeter>,
     facts: ModelFacts,
     exclude_input: bool,
-    /// Free sequence slots.
-    free: Vec<u32>,
+    /// Free sequence slots. The lowest is taken first, so that running sequences keep to
+    /// consecutive slots: llama.cpp runs each run of consecutive slots as its own micro-batch.
+    free: BTreeSet<u32>,
     /// Requests in slots, by slot.
     active: HashMap<u32, Active>,
     /// Finished requests whose last responses wait for room in their readers' buffers.
@@ -277,7 +282,7 @@ impl LlmInstance {
             ));
         };
         let parsed = contract::parse(&call.request, &self.facts, self.exclude_input)?;
-        let Some(slot) = self.free.pop() else {
+        let Some(slot) = self.free.pop_first() else {
             return Err(InferError::unavailable(
                 "every sequence slot is busy; retry later",
             ));
@@ -333,7 +338,7 @@ impl LlmInstance {
                     active.generated,
                 );
             }
-            self.free.push(slot);
+            self.free.insert(slot);
             let before = self.admit.len();
             self.admit.retain(|(s, _)| *s != slot);
             if self.admit.len() == before {
@@ -353,7 +358,7 @@ impl LlmInstance {
             let error = InferError::internal("the LLM engine stopped");
             for (slot, active) in self.active.drain() {
                 active.sender.fail(error.clone());
-                self.free.push(slot);
+                self.free.insert(slot);
             }
             return None;
         };
@@ -381,7 +386,7 @@ impl LlmInstance {
                         active.sender.fail(InferError::internal(message));
                         self.metrics.failed.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.free.push(slot);
+                    self.free.insert(slot);
                 }
             }
         }
@@ -470,7 +475,7 @@ impl LlmInstance {
             {
                 self.draining.push(active);
             }
-            self.free.push(slot);
+            self.free.insert(slot);
         }
     }
 }
