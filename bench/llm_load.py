@@ -104,7 +104,10 @@ def sse_stream(target: str, path: str, body: dict):
     if response.status != 200:
         raise RuntimeError(f"{response.status}: {response.read()[:300]!r}")
     try:
-        while line := response.fp.readline():
+        # The response's own readline: it reads the chunked encoding, so the stream ends at
+        # the last chunk (generate_stream sends no [DONE]) rather than when the server closes
+        # the idle keep-alive connection, seconds later.
+        while line := response.readline():
             line = line.strip()
             if not line.startswith(b"data: "):
                 continue
