@@ -148,6 +148,30 @@ def test_greedy_output_equals_llama_cpp_with_16_requests_in_flight(server, token
         len(a) for a in answers)
 
 
+def test_a_sequence_moved_into_a_freed_kv_region_still_answers_as_llama_cpp(server, tokenizer):
+    """Three requests take KV regions 0, 1 and 2; the middle one ends first, and the engine
+    moves the third down into its region (llama.cpp copies that sequence's cache), so the next
+    steps' sequences stay consecutive. Every answer still equals llama.cpp's greedy output for
+    its prompt alone."""
+    prompts = [tokenizer.encode(p).ids for p in (PROMPTS[1], PROMPTS[0], PROMPTS[3])]
+    lengths = [64, 24, 64]
+    expected = [reference([p], n)[0] for p, n in zip(prompts, lengths)]
+    assert len(expected[0]) > 32 and len(expected[2]) > 32, "the long answers end early"
+    moves_before = llm_metric(server, "tessera_llm_kv_region_moves_total")
+    wait_for(lambda: llm_metric(server, "tessera_llm_sequences_running") == 0)
+    with ThreadPoolExecutor(3) as pool:
+        answers = []
+        for i, (ids, n) in enumerate(zip(prompts, lengths)):
+            answers.append(pool.submit(generate, server, ids, n))
+            if i < 2:  # the next takes the lowest free region once this one decodes
+                wait_for(lambda: llm_metric(server, "tessera_llm_sequences_running") >= i + 1
+                         and llm_metric(server, "tessera_llm_sequences_prefilling") == 0)
+        answers = [a.result(timeout=120) for a in answers]
+    assert answers == expected
+    moves = llm_metric(server, "tessera_llm_kv_region_moves_total") - moves_before
+    assert moves >= 1, "the third sequence was not moved into the freed region"
+
+
 def test_streamed_tokens_equal_the_single_response_and_never_split_a_character(server, tokenizer):
     for text in PROMPTS:
         ids = tokenizer.encode(text).ids

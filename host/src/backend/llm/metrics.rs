@@ -76,6 +76,8 @@ pub struct EngineMetrics {
     /// Prompt tokens a step prefilled while other sequences decoded in it.
     pub step_prompt_tokens_while_decoding: Histogram,
     pub steps: AtomicU64,
+    /// Sequences moved to a lower KV region (a region freed below them).
+    pub kv_region_moves: AtomicU64,
     pub running: AtomicU64,
     /// Admitted sequences still prefilling their prompts.
     pub prefilling: AtomicU64,
@@ -97,6 +99,7 @@ impl Default for EngineMetrics {
             step_sequences: Histogram::new(SEQUENCE_BOUNDS),
             step_prompt_tokens_while_decoding: Histogram::new(TOKEN_BOUNDS),
             steps: AtomicU64::new(0),
+            kv_region_moves: AtomicU64::new(0),
             running: AtomicU64::new(0),
             prefilling: AtomicU64::new(0),
             kv_cells_used: AtomicU64::new(0),
@@ -177,12 +180,18 @@ impl EngineRegistry {
             }
         }
         type Count = fn(&EngineMetrics) -> &AtomicU64;
-        let gauges: [(&str, &str, &str, Count); 9] = [
+        let gauges: [(&str, &str, &str, Count); 10] = [
             (
                 "tessera_llm_steps_total",
                 "counter",
                 "Engine steps run",
                 |m| &m.steps,
+            ),
+            (
+                "tessera_llm_kv_region_moves_total",
+                "counter",
+                "Sequences moved down into a KV region freed below them, so that a step's sequences stay consecutive",
+                |m| &m.kv_region_moves,
             ),
             (
                 "tessera_llm_sequences_running",

@@ -224,8 +224,7 @@ pub struct LlmInstance {
     meter: Arc<dyn TokenMeter>,
     facts: ModelFacts,
     exclude_input: bool,
-    /// Free sequence slots. The lowest is taken first, so that running sequences keep to
-    /// consecutive slots: llama.cpp runs each run of consecutive slots as its own micro-batch.
+    /// Free sequence slots (the engine maps them to KV regions of its own).
     free: BTreeSet<u32>,
     /// Requests in slots, by slot.
     active: HashMap<u32, Active>,
@@ -364,6 +363,8 @@ impl LlmInstance {
         };
         let m = &self.metrics;
         m.steps.fetch_add(1, Ordering::Relaxed);
+        m.kv_region_moves
+            .fetch_add(report.moved as u64, Ordering::Relaxed);
         if report.decoded > 0 {
             m.step_sequences.observe(report.decoded as f64);
             m.step_prompt_tokens_while_decoding
