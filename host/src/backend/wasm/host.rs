@@ -313,15 +313,34 @@ impl Streams {
             .any(|(rep, s)| !s.is_finished() && (!s.is_cancelled() || !self.noticed.contains(rep)))
     }
 
-    /// The guest has run: the cancellations so far are its to have seen.
-    pub(super) fn guest_ran(&mut self) {
-        let cancelled: Vec<u32> = self
-            .open
+    /// The held senders whose callers have gone, as the guest is about to run: after the run
+    /// they count as seen ([`Streams::guest_ran`]). One that goes while the guest runs may have
+    /// been checked before it went, so it is left for the next run.
+    pub(super) fn cancelled_now(&self) -> Vec<u32> {
+        self.open
             .iter()
             .filter(|(_, s)| !s.is_finished() && s.is_cancelled())
             .map(|(rep, _)| *rep)
-            .collect();
-        self.noticed.extend(cancelled);
+            .collect()
+    }
+
+    /// The guest has run: the cancellations from before the run are its to have seen.
+    pub(super) fn guest_ran(&mut self, cancelled_before: Vec<u32>) {
+        self.noticed.extend(cancelled_before);
+    }
+
+    /// Whether a sender the guest holds still has a caller waiting for its final response.
+    pub fn any_caller_waiting(&self) -> bool {
+        self.open
+            .values()
+            .any(|s| !s.is_finished() && !s.is_cancelled())
+    }
+
+    /// Whether a caller went away that the guest has not run since: it is resumed at once.
+    pub fn unnoticed_cancellation(&self) -> bool {
+        self.open
+            .iter()
+            .any(|(rep, s)| !s.is_finished() && s.is_cancelled() && !self.noticed.contains(rep))
     }
 
     /// The held senders whose callers are still there: the instance wakes when one leaves.
@@ -1023,5 +1042,41 @@ impl metrics::HostMetric for HostState {
     async fn drop(&mut self, this: Resource<GuestMetric>) -> wasmtime::Result<()> {
         self.table().delete(this)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caller_who_leaves_while_the_guest_runs_is_left_for_its_next_run() {
+        let mut streams = Streams::new(1 << 20, std::time::Duration::from_secs(1));
+        let (sender, caller) = crate::stream::channel();
+        streams.hold(7, sender);
+        // The guest is about to run: nobody has left yet.
+        let before = streams.cancelled_now();
+        assert!(before.is_empty());
+        // The caller leaves while it runs, perhaps after the guest checked.
+        drop(caller);
+        streams.guest_ran(before);
+        assert!(
+            streams.unnoticed_cancellation(),
+            "the guest never saw the caller leave"
+        );
+        assert!(
+            streams.any_open(),
+            "the instance has work: resume the guest once more"
+        );
+        assert!(!streams.any_caller_waiting());
+        // The next run started after the caller left: now it is the guest's to have seen.
+        let before = streams.cancelled_now();
+        assert_eq!(before, [7]);
+        streams.guest_ran(before);
+        assert!(!streams.unnoticed_cancellation());
+        assert!(
+            !streams.any_open(),
+            "a guest that keeps the sender is not resumed for it again"
+        );
     }
 }

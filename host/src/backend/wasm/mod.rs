@@ -572,6 +572,9 @@ impl ModelInstance for WasmInstance {
         async move {
             match self.live.as_mut() {
                 Some(live) => {
+                    if live.store.data().streams.unnoticed_cancellation() {
+                        return; // a caller left while the guest ran: it has yet to see that
+                    }
                     // A BLS stream has more, or a caller went away (the guest lets go of what
                     // it holds for it).
                     let callers = live.store.data().streams.waiting_callers();
@@ -832,6 +835,7 @@ impl WasmInstance {
             self.live = Some(live);
             return None;
         };
+        let cancelled_before = live.store.data().streams.cancelled_now();
         let running = live.store.data().guest_running();
         let call = bindings
             .tessera_inference_decoupled_handler()
@@ -840,11 +844,11 @@ impl WasmInstance {
         drop(running);
         let host = live.store.data_mut();
         host.flush_output(&self.pre.name, self.pre.version);
-        host.streams.guest_ran();
+        host.streams.guest_ran(cancelled_before);
         match outcome {
             Some(Ok(after)) => {
                 host.end_execution();
-                if after.is_none() && host.streams.any_open() {
+                if after.is_none() && host.streams.any_caller_waiting() {
                     host.streams.fail_open(&InferError::internal(format!(
                         "handler '{}' has nothing more to do but did not send the final response",
                         crate::namespace::shown(&self.pre.name)
