@@ -23,6 +23,8 @@ PINS=(
   "pillow==13.0.0"
   # Triton's image_client.py reads model metadata through it (HTTP).
   "attrdict==2.0.1"
+  # An HTTP/2 client that can stop in the middle of a gRPC message (the read-budget tests).
+  "h2==4.4.1"
   # The LLM: the GGUF reader that derives the tokenizer, the tokenizer library the tests
   # check against, and the official OpenAI client as the test client.
   "gguf==0.19.0"

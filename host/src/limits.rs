@@ -13,7 +13,8 @@
 //! | `--max-connections` / `TESSERA_MAX_CONNECTIONS` | connections | 4 096 | open connections per listener (HTTP, gRPC, metrics); past it the listener stops accepting until one closes. The soft file-descriptor limit is raised to the hard one at start so the bound, not the OS, decides. |
 //! | `--http-header-read-timeout-secs` / `TESSERA_HTTP_HEADER_READ_TIMEOUT_SECS` | s | 10 | an HTTP request's headers (and a gRPC connection's HTTP/2 preface) must arrive within this; an idle keep-alive connection is closed after it too. A slowloris costs a socket for this long. |
 //! | `--http-body-read-timeout-secs` / `TESSERA_HTTP_BODY_READ_TIMEOUT_SECS` | s | 120 | an HTTP request body must arrive in full within this (408 otherwise), however slowly it trickles; large deployments over slow links need more. |
-//! | `--http-max-buffered-bytes` / `TESSERA_HTTP_MAX_BUFFERED_BYTES` | bytes | 2 GiB | request bodies (HTTP) being read at once, all connections together; a body that does not fit (its `Content-Length`, or `--http-max-input-size` when it gives none) is answered 503 at once. Without it, 4 096 connections each trickling a 64 MiB body could hold 256 GiB. |
+//! | `--http-max-buffered-bytes` / `TESSERA_HTTP_MAX_BUFFERED_BYTES` | bytes | 2 GiB | request bodies being read at once, all connections together: HTTP/1 bodies and gRPC (HTTP/2) messages. A body that does not fit (its `Content-Length`, or `--http-max-input-size` when it gives none) is answered 503 at once; a gRPC message that does not fit (the length its prefix declares) ends its call with UNAVAILABLE. Without it, 4 096 connections each trickling a 64 MiB body could hold 256 GiB, and one gRPC connection holding all but the last byte of a 60 MB message on each of its 1 024 streams, 60 GB. |
+//! | `--max-inflight-request-bytes` / `TESSERA_MAX_INFLIGHT_REQUEST_BYTES` | bytes | 4 GiB | the input tensors of the client requests admitted at once, all models and front-ends together, from admission until the answer; past it the request is refused at once (503, gRPC UNAVAILABLE). `--max-inflight-requests` counts requests, not their size: 4 096 queued requests of 64 MiB each are 256 GiB. |
 //! | `--epoch-tick-ms` / `TESSERA_EPOCH_TICK_MS` | ms | 5 | how often a running Wasm guest is interrupted to check its deadline and yield the thread: the granularity of `execute_deadline_ms`. Shorter costs more interrupts. |
 //! | `--wasm-pool-instances` / `TESSERA_WASM_POOL_INSTANCES` | instances | 1 000 | Wasm instances alive at once, all models together (the pooling allocator's slots; each handler instance takes one). |
 //! | `--wasm-function-cache-bytes` / `TESSERA_WASM_FUNCTION_CACHE_BYTES` | bytes | 256 MiB | compiled functions kept in memory (Cranelift's incremental cache): a component whose functions were compiled before, in any component, compiles from them. Every Python handler carries the same CPython, so the second one compiles about 3× faster (7.8 s, then 2.4-3.0 s in a release build on 2 cores); one such component fills about 41 MB. 0 turns it off. |
@@ -22,7 +23,44 @@
 //! | `--max-instances-per-model` / `TESSERA_MAX_INSTANCES_PER_MODEL` | instances | 64 | instances one model version may have (`instance_group` counts, times their GPUs); a configuration that asks for more is refused at load, before any is made. Each ONNX instance has a thread and its own session, each Wasm one a pool slot: without a bound, one configuration (a tenant's deployment, a load with a config override) could exhaust the server's threads and memory. |
 //! | `--wasm-max-memory-bytes` / `TESSERA_WASM_MAX_MEMORY_BYTES` | bytes | 4 GiB | the largest `max_memory_bytes` a handler may be given. The pool reserves address space (not memory) for it in every memory slot (two per instance slot), so the reservation is about 2 × instances × this; lower both under `ulimit -v` or in containers that cap address space. |
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A number of bytes shared by everything that holds some of it at once (request bodies being
+/// read, requests in flight). A reservation is refused at once when it does not fit, never
+/// waited for: a saturated server answers "retry" rather than queueing memory.
+#[derive(Clone, Debug)]
+pub struct ByteBudget {
+    /// One permit per KiB: a semaphore counts in `u32` per acquisition and `usize` in all.
+    kib: Arc<Semaphore>,
+    limit_kib: usize,
+}
+
+impl ByteBudget {
+    pub fn new(bytes: u64) -> ByteBudget {
+        let kib = usize::try_from(bytes.div_ceil(1024))
+            .unwrap_or(usize::MAX)
+            .min(Semaphore::MAX_PERMITS);
+        ByteBudget {
+            kib: Arc::new(Semaphore::new(kib)),
+            limit_kib: kib,
+        }
+    }
+
+    /// Bytes held now, counted as reserved (whole KiB).
+    pub fn held_bytes(&self) -> u64 {
+        let held = self.limit_kib.saturating_sub(self.kib.available_permits());
+        (held as u64).saturating_mul(1024)
+    }
+
+    /// Holds `bytes` (at least a KiB) until the permit is dropped; None when they do not fit.
+    pub fn try_reserve(&self, bytes: u64) -> Option<OwnedSemaphorePermit> {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        self.kib.clone().try_acquire_many_owned(kib.max(1)).ok()
+    }
+}
 
 /// The bounds the front-ends' listeners apply to connections (`protocol::listen`).
 #[derive(Clone, Debug)]
@@ -74,6 +112,13 @@ pub struct ServerLimits {
     /// Bytes of HTTP request bodies being read at once, all connections together (503 beyond).
     #[arg(long, env = "TESSERA_HTTP_MAX_BUFFERED_BYTES", default_value_t = 2 << 30)]
     pub http_max_buffered_bytes: u64,
+    /// Bytes of input tensors of client requests in flight, all models together (503 beyond).
+    #[arg(
+        long,
+        env = "TESSERA_MAX_INFLIGHT_REQUEST_BYTES",
+        default_value_t = 4 << 30
+    )]
+    pub max_inflight_request_bytes: u64,
     /// Milliseconds between interruptions of a running Wasm guest.
     #[arg(long, env = "TESSERA_EPOCH_TICK_MS", default_value_t = 5)]
     pub epoch_tick_ms: u64,
@@ -111,6 +156,7 @@ impl Default for ServerLimits {
             http_header_read_timeout_secs: 10,
             http_body_read_timeout_secs: 120,
             http_max_buffered_bytes: 2 << 30,
+            max_inflight_request_bytes: 4 << 30,
             epoch_tick_ms: 5,
             wasm_pool_instances: 1000,
             wasm_max_memory_bytes: 4 << 30,
@@ -186,6 +232,10 @@ impl ServerLimits {
                 self.http_body_read_timeout_secs
             ),
             format!("http_max_buffered_bytes\t{}", self.http_max_buffered_bytes),
+            format!(
+                "max_inflight_request_bytes\t{}",
+                self.max_inflight_request_bytes
+            ),
             format!("epoch_tick_ms\t{}", self.epoch_tick_ms),
             format!("wasm_pool_instances\t{}", self.wasm_pool_instances),
             format!("wasm_max_memory_bytes\t{}", self.wasm_max_memory_bytes),

@@ -738,6 +738,8 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         listener.local_addr()?
     );
     let mut front_ends = tokio::task::JoinSet::new();
+    // HTTP/1 bodies and gRPC messages being read share one budget.
+    let reading = tessera::limits::ByteBudget::new(serve.limits.http_max_buffered_bytes);
     if serve.allow_metrics {
         let metrics_addr: SocketAddr =
             format!("{}:{}", serve.http_address, serve.metrics_port).parse()?;
@@ -775,6 +777,11 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             tessera::protocol::listen::grpc_incoming(grpc_listener, &connections, stopped.clone());
         let (mut grpc_stopped, mut drain_started) = (stopped.clone(), stopped.clone());
         let exit_timeout = connections.exit_timeout;
+        let bounds = tessera::protocol::grpc::GrpcBoundsLayer {
+            reading: reading.clone(),
+            max_message: serve.http_max_input_size,
+            message_timeout: connections.body_read_timeout,
+        };
         front_ends.spawn(async move {
             let served = tonic::transport::Server::builder()
                 // Tensors are large: grow HTTP/2 flow-control windows with the measured
@@ -784,7 +791,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
                 // than h2 dropping the whole connection past its 16 KiB default.
                 .http2_max_header_list_size(tessera::protocol::grpc::MAX_HEADER_LIST_BYTES)
                 .max_concurrent_streams(tessera::protocol::grpc::MAX_CONCURRENT_STREAMS)
-                .layer(tessera::protocol::grpc::GrpcBoundsLayer)
+                .layer(bounds)
                 .add_service(inference)
                 .add_service(health)
                 .serve_with_incoming_shutdown(incoming, async move {
@@ -810,7 +817,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     let app = tessera::protocol::http::router(
         server.clone(),
         serve.http_max_input_size,
-        serve.limits.http_max_buffered_bytes,
+        reading,
         serve.verbose_errors,
     );
     front_ends.spawn(tessera::protocol::listen::serve_http(

@@ -151,6 +151,8 @@ pub struct Server {
     waits: Arc<WaitGraph>,
     /// Admission control: one permit per client request in flight (`--max-inflight-requests`).
     inflight: Arc<tokio::sync::Semaphore>,
+    /// The input bytes of those requests (`--max-inflight-request-bytes`).
+    inflight_bytes: crate::limits::ByteBudget,
     functions: crate::functions::Functions,
     /// Who may call, in which namespace, within which quotas.
     tenants: Arc<Tenants>,
@@ -299,6 +301,9 @@ impl Server {
                     inference,
                     &options.load,
                     tenants.clone(),
+                ),
+                inflight_bytes: crate::limits::ByteBudget::new(
+                    options.limits.max_inflight_request_bytes,
                 ),
                 inflight: Arc::new(tokio::sync::Semaphore::new(
                     options.limits.max_inflight_requests,
@@ -622,6 +627,7 @@ impl Server {
         let Admission {
             target,
             inflight,
+            inflight_bytes,
             tenant,
             waiting,
         } = self.admit(&cx, model, version, &mut request)?;
@@ -630,6 +636,7 @@ impl Server {
             // edge too, so a cycle through a stream is seen as through any call.
             Ok(stream) => Ok(stream
                 .hold(inflight)
+                .hold(inflight_bytes)
                 .hold(tenant.map(Admitted::started))
                 .hold(waiting)),
             Err(e) => {
@@ -675,15 +682,34 @@ impl Server {
         }
         // Client requests are admitted here; the calls they make inside are part of them.
         let client_request = cx.call_chain.is_empty() && !cx.warmup;
-        let inflight = if client_request {
-            Some(self.inflight.clone().try_acquire_owned().map_err(|_| {
+        let (inflight, inflight_bytes) = if client_request {
+            let inflight = self.inflight.clone().try_acquire_owned().map_err(|_| {
                 InferError::unavailable(format!(
                     "the server has {} requests in flight, its limit (--max-inflight-requests); retry later",
                     self.options.limits.max_inflight_requests
                 ))
-            })?)
+            })?;
+            let bytes: usize = request.inputs.iter().map(|t| t.byte_size()).sum();
+            let limit = self.options.limits.max_inflight_request_bytes;
+            let held = self.inflight_bytes.try_reserve(bytes as u64).ok_or_else(|| {
+                if bytes as u64 > limit {
+                    InferError::new(
+                        ErrorKind::ResourceExhausted,
+                        format!(
+                            "the request's inputs hold {bytes} bytes, more than the server \
+                             holds for all requests in flight ({limit}, --max-inflight-request-bytes)"
+                        ),
+                    )
+                } else {
+                    InferError::unavailable(format!(
+                        "the requests in flight hold as many input bytes as the server allows \
+                         ({limit}, --max-inflight-request-bytes); this one has {bytes}; retry later"
+                    ))
+                }
+            })?;
+            (Some(inflight), Some(held))
         } else {
-            None
+            (None, None)
         };
         let tenant = match (&cx.tenant, client_request) {
             (Some(name), true) => {
@@ -712,6 +738,7 @@ impl Server {
         Ok(Admission {
             target,
             inflight,
+            inflight_bytes,
             tenant,
             waiting,
         })
@@ -1078,6 +1105,21 @@ impl Server {
         self.llm_metrics.render(&mut text);
         self.wasm.custom_metrics.render(&mut text);
         self.tenants.render_metrics(&mut text);
+        let admitted = self.options.limits.max_inflight_requests;
+        crate::metrics::Family::start(
+            &mut text,
+            "tessera_inflight_requests",
+            "gauge",
+            "Client requests admitted and not yet answered, all models and front-ends (--max-inflight-requests)",
+        )
+        .sample(&[], admitted.saturating_sub(self.inflight.available_permits()));
+        crate::metrics::Family::start(
+            &mut text,
+            "tessera_inflight_request_bytes",
+            "gauge",
+            "Input bytes of those requests, in whole KiB each (--max-inflight-request-bytes)",
+        )
+        .sample(&[], self.inflight_bytes.held_bytes());
         let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
         let mut family = crate::metrics::Family::start(
             &mut text,
@@ -1473,6 +1515,8 @@ struct Admission {
     target: Arc<crate::model::ModelVersion>,
     /// Its place under `--max-inflight-requests` (client requests).
     inflight: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Its input bytes under `--max-inflight-request-bytes` (client requests).
+    inflight_bytes: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Its tenant's admission (a tenant's client requests).
     tenant: Option<Admitted>,
     /// Its edge in the wait graph (BLS calls).

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from conftest import binary, launch, stop
+from conftest import binary, launch, metric, stop, wait_for
 
 STRING_IDENTITY_CONFIG = """
 name: "string_identity"
@@ -434,3 +434,201 @@ def test_sigterm_under_load_at_concurrency_16_loses_no_accepted_request(tmp_path
     bad = [o for o in later if o not in ("ok", "refused", "status 503")
            and not o.startswith("cut off")]
     assert bad == [], bad[:5]
+
+
+SLOW_ECHO_ANY_LENGTH = """
+name: "slow_echo"
+backend: "wasm"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1, 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def budget_server(tmp_path_factory):
+    """`slow_echo` over inputs of any length, on a server with small memory budgets: 1 MB of
+    inputs in flight, 8 MB of request bodies being read, 3 s to read one."""
+    repo = tmp_path_factory.mktemp("budgets") / "repository"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
+    (repo / "slow_echo" / "1").mkdir(parents=True)
+    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
+    (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo),
+                                       "--max-inflight-request-bytes", "1000000",
+                                       "--http-max-buffered-bytes", "8000000",
+                                       "--http-body-read-timeout-secs", "3"])
+    try:
+        yield srv
+    finally:
+        stop(proc, log)
+
+
+def _echo_http(srv, elements: int, delay_ms: int = 0):
+    """slow_echo over HTTP with `elements` FP32 values; (status, decoded JSON body)."""
+    x = np.arange(elements, dtype=np.float32).reshape(-1, 1)
+    body = json.dumps({"inputs": [{"name": "X", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.ravel().tolist()}],
+                       "parameters": {"delay_ms": delay_ms}}).encode()
+    status, _, data = srv.request("POST", "/v2/models/slow_echo/infer", body,
+                               {"Content-Type": "application/json"}, timeout=30)
+    return status, json.loads(data)
+
+
+def _echo_grpc(srv, elements: int):
+    """slow_echo over gRPC with `elements` FP32 values; the answer, or the error raised."""
+    x = np.arange(elements, dtype=np.float32).reshape(-1, 1)
+    inp = grpcclient.InferInput("X", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    with grpcclient.InferenceServerClient(f"{srv.host}:{srv.grpc_port}") as c:
+        try:
+            return c.infer("slow_echo", [inp]).as_numpy("Y")
+        except InferenceServerException as e:
+            return e
+
+
+def test_requests_in_flight_are_bounded_by_their_input_bytes(budget_server):
+    """--max-inflight-request-bytes: while a 600 KB request waits in the model, another
+    600 KB one is refused at once over HTTP (503) and gRPC (UNAVAILABLE), naming the flag; a
+    small one still runs, and once the first is answered the same large one runs. A request
+    larger than the whole budget is refused as such."""
+    import threading
+
+    srv = budget_server
+    assert metric(srv, "tessera_inflight_request_bytes") == 0
+    held = {}
+    first = threading.Thread(target=lambda: held.update(
+        answer=_echo_http(srv, 150_000, delay_ms=4000)))
+    first.start()
+    try:
+        wait_for(lambda: metric(srv, "tessera_inflight_request_bytes") >= 600_000)
+        assert metric(srv, "tessera_inflight_requests") == 1
+        status, body = _echo_http(srv, 150_000)
+        assert status == 503, body
+        assert "--max-inflight-request-bytes" in body["error"], body
+        error = _echo_grpc(srv, 150_000)
+        assert isinstance(error, InferenceServerException), "gRPC request ran past the budget"
+        assert error.status() == "StatusCode.UNAVAILABLE", error
+        assert "--max-inflight-request-bytes" in error.message(), error
+        small = _echo_grpc(srv, 4)
+        assert not isinstance(small, InferenceServerException), small
+        assert first.is_alive(), "the first request ended before the budget was checked"
+    finally:
+        first.join(timeout=30)
+    status, body = held["answer"]
+    assert status == 200, body
+    assert metric(srv, "tessera_inflight_request_bytes") == 0
+    assert _echo_http(srv, 150_000)[0] == 200
+    status, body = _echo_http(srv, 300_000)
+    assert status == 429 and "--max-inflight-request-bytes" in body["error"], (status, body)
+
+
+class _H2Grpc:
+    """A raw HTTP/2 connection to the gRPC port that sends gRPC messages as it is told,
+    including all but the last bytes of one, which a gRPC library never does."""
+
+    def __init__(self, srv):
+        import socket
+
+        import h2.config
+        import h2.connection
+
+        self.sock = socket.create_connection((srv.host, srv.grpc_port), timeout=10)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.conn.increment_flow_control_window(1 << 30)
+        self.headers: dict[int, dict[str, str]] = {}
+        self.ended: set[int] = set()
+        self._flush()
+
+    def _flush(self):
+        self.sock.sendall(self.conn.data_to_send())
+
+    def start_message(self, declared: int, sent: int) -> int:
+        """Opens a ModelInfer call whose message declares `declared` bytes and sends `sent`."""
+        import struct
+
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
+                                     (":authority", "tessera"),
+                                     (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                                     ("content-type", "application/grpc"), ("te", "trailers")])
+        self.headers[sid] = {}
+        data = memoryview(struct.pack(">BI", 0, declared) + b"\x0a" * sent)
+        while data:
+            room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+            if room <= 0:
+                self.pump(0.05)
+                continue
+            self.conn.send_data(sid, bytes(data[:room]))
+            data = data[room:]
+            self._flush()
+        return sid
+
+    def pump(self, timeout: float):
+        """Reads what the server sent within `timeout` seconds."""
+        import select
+
+        import h2.events
+
+        if not select.select([self.sock], [], [], timeout)[0]:
+            return
+        got = self.sock.recv(1 << 20)
+        if not got:
+            raise ConnectionError("the server closed the connection")
+        for event in self.conn.receive_data(got):
+            if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                self.headers[event.stream_id].update(
+                    (k.decode(), v.decode()) for k, v in event.headers)
+            if isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                self.ended.add(event.stream_id)
+        self._flush()
+
+    def status(self, sid: int, timeout: float) -> dict[str, str]:
+        """The call's response headers and trailers once it has a grpc-status."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while "grpc-status" not in self.headers[sid] and time.monotonic() < deadline:
+            self.pump(0.1)
+        return self.headers[sid]
+
+    def close(self):
+        self.sock.close()
+
+
+def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_server):
+    """--http-max-buffered-bytes covers gRPC messages being read: two calls that stop 2 MB into
+    3 MB messages hold 6 MB of the 8 MB budget; a third is refused with UNAVAILABLE naming the
+    flag, and so is an HTTP body that does not fit in what is left (503), while small requests
+    run. After --http-body-read-timeout-secs the stalled calls end with DEADLINE_EXCEEDED and
+    their bytes are free again."""
+    import time
+
+    srv = budget_server
+    h2c = _H2Grpc(srv)
+    try:
+        started = time.monotonic()
+        stalled = [h2c.start_message(3_000_000, 2_000_000) for _ in range(2)]
+        third = h2c.start_message(3_000_000, 10)
+        answer = h2c.status(third, timeout=10)
+        assert answer.get("grpc-status") == "14", answer
+        assert "--http-max-buffered-bytes" in answer.get("grpc-message", ""), answer
+        for sid in stalled:
+            assert "grpc-status" not in h2c.headers[sid], h2c.headers[sid]
+        status, _, body = srv.request("POST", "/v2/models/slow_echo/infer", b"x" * 2_500_000,
+                                   {"Content-Type": "application/json"}, timeout=30)
+        assert status == 503 and b"--http-max-buffered-bytes" in body, (status, body[:200])
+        assert not isinstance(_echo_grpc(srv, 4), InferenceServerException)
+        for sid in stalled:
+            answer = h2c.status(sid, timeout=15)
+            assert answer.get("grpc-status") == "4", answer
+            assert "--http-body-read-timeout-secs" in answer.get("grpc-message", ""), answer
+        assert time.monotonic() - started >= 2.5, "the stalled calls ended before their timeout"
+    finally:
+        h2c.close()
+    # Their bytes were given back: a 2.5 MB body fits again.
+    status, _, _ = srv.request("POST", "/v2/models/slow_echo/infer", b"x" * 2_500_000,
+                            {"Content-Type": "application/json"}, timeout=30)
+    assert status == 400, status

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -18,6 +19,7 @@ use crate::api::Principal;
 use crate::api::{LoadRequest, Server};
 use crate::api::{StatsSnapshot, Tally};
 use crate::infer::InferError;
+use crate::limits::ByteBudget;
 use crate::protocol::kserve::RegionReader;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -682,31 +684,43 @@ pub const MAX_HEADER_LIST_BYTES: u32 = 256 * 1024;
 pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 
 /// Bounds what crosses the gRPC boundary, for every RPC and whatever produced the status:
-/// request metadata ([`MAX_METADATA_BYTES`]), status messages
-/// ([`tessera_core::infer::MAX_ERROR_MESSAGE_BYTES`], since clients drop a response whose
-/// header is too large and report only "stream removed"), and the code of an oversized message
-/// (tonic says OUT_OF_RANGE; gRPC's status table and Triton say RESOURCE_EXHAUSTED).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GrpcBoundsLayer;
+/// request metadata ([`MAX_METADATA_BYTES`]), request messages being read ([`MessageBudget`]),
+/// status messages ([`tessera_core::infer::MAX_ERROR_MESSAGE_BYTES`], since clients drop a
+/// response whose header is too large and report only "stream removed"), and the code of an
+/// oversized message (tonic says OUT_OF_RANGE; gRPC's status table and Triton say
+/// RESOURCE_EXHAUSTED).
+#[derive(Clone, Debug)]
+pub struct GrpcBoundsLayer {
+    /// Request bodies being read at once, shared with HTTP/1 (`--http-max-buffered-bytes`).
+    pub reading: ByteBudget,
+    /// The largest message tonic decodes; a longer one is left for tonic to refuse.
+    pub max_message: usize,
+    /// How long one message may take to arrive once begun (`--http-body-read-timeout-secs`).
+    pub message_timeout: Duration,
+}
 
 impl<S> tower_layer::Layer<S> for GrpcBoundsLayer {
     type Service = GrpcBounds<S>;
 
     fn layer(&self, inner: S) -> GrpcBounds<S> {
-        GrpcBounds { inner }
+        GrpcBounds {
+            inner,
+            bounds: self.clone(),
+        }
     }
 }
 
 #[derive(Clone, Debug)]
 pub struct GrpcBounds<S> {
     inner: S,
+    bounds: GrpcBoundsLayer,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
-impl<S, B, ResBody> tower_service::Service<http::Request<B>> for GrpcBounds<S>
+impl<S, ResBody> tower_service::Service<http::Request<tonic::body::Body>> for GrpcBounds<S>
 where
-    S: tower_service::Service<http::Request<B>, Response = http::Response<ResBody>>,
+    S: tower_service::Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>,
     S::Future: Send + 'static,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -722,7 +736,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let metadata: usize = request
             .headers()
             .iter()
@@ -734,6 +748,15 @@ where
             ));
             return Box::pin(async move { Ok(status.into_http()) });
         }
+        let bounds = &self.bounds;
+        let request = request.map(|body| {
+            tonic::body::Body::new(MessageBudget::new(
+                body,
+                bounds.reading.clone(),
+                bounds.max_message,
+                bounds.message_timeout,
+            ))
+        });
         let answer = self.inner.call(request);
         Box::pin(async move {
             use http_body_util::BodyExt;
@@ -751,6 +774,141 @@ where
                 tonic::body::Body::new(body),
             ))
         })
+    }
+}
+
+/// A gRPC request body that holds, while a message is being read, the bytes its prefix declares
+/// in the server's budget for bodies being read, and fails the call when they do not fit or when
+/// the message has not arrived in full within the timeout. tonic buffers a message until its
+/// last byte: without this, a client holding all but one byte of a 60 MB message on each of a
+/// connection's 1,024 streams held 60 GB of the server's memory, for as long as it liked.
+///
+/// Messages are framed as one compression flag byte, a 4-byte big-endian length and that many
+/// bytes (gRPC over HTTP/2, "Length-Prefixed-Message").
+pub struct MessageBudget<B> {
+    inner: B,
+    reading: ByteBudget,
+    max_message: usize,
+    timeout: Duration,
+    /// The prefix of the next message, as far as it has arrived.
+    prefix: [u8; 5],
+    prefix_seen: usize,
+    /// Bytes of the current message still to come (0 between messages).
+    remaining: u64,
+    /// The current message's place in the budget, and when it must have arrived.
+    held: Option<(
+        tokio::sync::OwnedSemaphorePermit,
+        Pin<Box<tokio::time::Sleep>>,
+    )>,
+}
+
+impl<B> MessageBudget<B> {
+    pub fn new(inner: B, reading: ByteBudget, max_message: usize, timeout: Duration) -> Self {
+        MessageBudget {
+            inner,
+            reading,
+            max_message,
+            timeout,
+            prefix: [0; 5],
+            prefix_seen: 0,
+            remaining: 0,
+            held: None,
+        }
+    }
+
+    /// Follows the framing through `data`, reserving each message's length as its prefix
+    /// completes and releasing it with its last byte.
+    fn read(&mut self, mut data: &[u8]) -> Result<(), Status> {
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let taken = data
+                    .len()
+                    .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+                data = &data[taken..];
+                self.remaining -= taken as u64;
+                if self.remaining == 0 {
+                    self.held = None;
+                }
+                continue;
+            }
+            let taken = data.len().min(self.prefix.len() - self.prefix_seen);
+            self.prefix[self.prefix_seen..self.prefix_seen + taken].copy_from_slice(&data[..taken]);
+            self.prefix_seen += taken;
+            data = &data[taken..];
+            if self.prefix_seen < self.prefix.len() {
+                continue;
+            }
+            self.prefix_seen = 0;
+            let [_, a, b, c, d] = self.prefix;
+            self.remaining = u64::from(u32::from_be_bytes([a, b, c, d]));
+            // tonic refuses a message over its limit as soon as it reads the prefix.
+            if self.remaining == 0 || self.remaining > self.max_message as u64 {
+                continue;
+            }
+            let permit = self.reading.try_reserve(self.remaining).ok_or_else(|| {
+                Status::unavailable(format!(
+                    "the server is reading as many request messages as it may hold at once \
+                     (--http-max-buffered-bytes); this one declares {} bytes; retry",
+                    self.remaining
+                ))
+            })?;
+            let deadline = Box::pin(tokio::time::sleep(self.timeout));
+            self.held = Some((permit, deadline));
+        }
+        Ok(())
+    }
+}
+
+impl<B> http_body::Body for MessageBudget<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref()
+                    && let Err(status) = this.read(data)
+                {
+                    // Boxed as itself, so tonic finds the status (a boxed box it would not).
+                    return Poll::Ready(Some(Err(Box::new(status))));
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                // Checked only while waiting for the client: a message the server has not
+                // asked to read yet (a stream's requests wait their turn) is not late.
+                if let Some((_, deadline)) = &mut this.held
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
+                    this.held = None;
+                    let secs = this.timeout.as_secs();
+                    return Poll::Ready(Some(Err(Box::new(Status::deadline_exceeded(format!(
+                        "a request message did not arrive in full within {secs} s \
+                         (--http-body-read-timeout-secs)"
+                    ))))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -825,6 +983,42 @@ fn percent_encode(text: &str) -> String {
 #[cfg(test)]
 mod bounds_tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_message_holds_its_declared_length_until_its_last_byte() {
+        let budget = ByteBudget::new(10 * 1024);
+        let mut body = MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60));
+        let prefix = |len: u32| {
+            let mut p = vec![0u8];
+            p.extend_from_slice(&len.to_be_bytes());
+            p
+        };
+        // A prefix split across frames, then part of its 4 KiB message.
+        let first = prefix(4096);
+        body.read(&first[..2]).expect("fits");
+        assert_eq!(budget.held_bytes(), 0);
+        body.read(&first[2..]).expect("fits");
+        body.read(&[7; 4000]).expect("fits");
+        assert_eq!(budget.held_bytes(), 4096);
+        // Its last bytes, a whole 1-byte message and the start of the next, in one frame.
+        let mut frame = vec![7; 96];
+        frame.extend(prefix(1));
+        frame.push(7);
+        frame.extend(prefix(8 * 1024));
+        body.read(&frame).expect("fits");
+        assert_eq!(budget.held_bytes(), 8 * 1024);
+        // A message that does not fit beside it is refused as UNAVAILABLE.
+        let mut other = MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60));
+        let refused = other.read(&prefix(4096)).expect_err("over the budget");
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+        assert!(refused.message().contains("--http-max-buffered-bytes"));
+        // A message over tonic's own limit is left for tonic to refuse; an empty one holds nothing.
+        other.read(&prefix(2 << 20)).expect("not reserved");
+        let mut third = MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60));
+        third.read(&prefix(0)).expect("empty");
+        drop(body);
+        assert_eq!(budget.held_bytes(), 0);
+    }
 
     #[test]
     fn long_status_messages_are_bounded_and_oversized_messages_are_resource_exhausted() {

@@ -18,6 +18,7 @@ use crate::api::{ControlError, LoadOutcome};
 use crate::api::{Deployed, FunctionError, LoadRequest, Server};
 use crate::config;
 use crate::infer::{CallContext, ErrorKind, InferError, ParamValue};
+use crate::limits::ByteBudget;
 use crate::signature::TensorSpec;
 
 const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -37,27 +38,24 @@ struct AppState {
     server: Arc<Server>,
     max_body: usize,
     verbose_errors: bool,
-    /// KiB of request bodies that may be being read at once (`--http-max-buffered-bytes`).
-    buffering: Arc<tokio::sync::Semaphore>,
+    /// Request bodies being read at once (`--http-max-buffered-bytes`, shared with gRPC).
+    reading: ByteBudget,
 }
 
-/// The HTTP routes. `max_body` bounds a request body in bytes, `max_buffered` all the bodies
+/// The HTTP routes. `max_body` bounds a request body in bytes, `reading` all the bodies
 /// being read at once; `verbose_errors` sends internal error details to clients
 /// (`--verbose-errors`).
 pub fn router(
     server: Arc<Server>,
     max_body: usize,
-    max_buffered: u64,
+    reading: ByteBudget,
     verbose_errors: bool,
 ) -> Router {
-    let kib = usize::try_from(max_buffered.div_ceil(1024))
-        .unwrap_or(usize::MAX)
-        .min(tokio::sync::Semaphore::MAX_PERMITS);
     let state = AppState {
         server,
         max_body,
         verbose_errors,
-        buffering: Arc::new(tokio::sync::Semaphore::new(kib)),
+        reading,
     };
     // Who may call what is read here, not from where layers sit between routes: every route
     // but health needs a key once tenancy is on.
@@ -1071,7 +1069,7 @@ async fn start_generate(
 }
 
 /// Reads a request body whole, within `limit` bytes and the server's budget for bodies being
-/// read at once (`s.buffering`): a body whose `Content-Length` is over the limit is refused
+/// read at once (`s.reading`): a body whose `Content-Length` is over the limit is refused
 /// before a byte of it is read (and before hyper says `100 Continue`).
 async fn read_body(s: &AppState, body: Body, limit: usize, flag: &str) -> Result<Bytes, Response> {
     use http_body::Body as _;
@@ -1086,12 +1084,10 @@ async fn read_body(s: &AppState, body: Body, limit: usize, flag: &str) -> Result
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    // A body of unknown length may take up to the limit; the budget is in KiB.
-    let reserve = declared.unwrap_or(limit as u64).div_ceil(1024);
-    let reserve = u32::try_from(reserve).unwrap_or(u32::MAX);
-    let _reserved = match s.buffering.clone().try_acquire_many_owned(reserve.max(1)) {
-        Ok(permit) => permit,
-        Err(_) => {
+    // A body of unknown length may take up to the limit.
+    let _reserved = match s.reading.try_reserve(declared.unwrap_or(limit as u64)) {
+        Some(permit) => permit,
+        None => {
             return Err((
                 StatusCode::SERVICE_UNAVAILABLE,
                 [(header::RETRY_AFTER, "1")],
@@ -1559,7 +1555,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn health_is_open_every_other_route_needs_a_key() {
         let (server, _scratch) = server(Default::default()).await;
-        let app = router(server.clone(), 1 << 20, 1 << 30, false);
+        let app = router(server.clone(), 1 << 20, ByteBudget::new(1 << 30), false);
         for path in ["/v2/health/live", "/v2/health/ready"] {
             assert_eq!(
                 call(&app, "GET", path, None, Value::Null).await.0,
@@ -1588,7 +1584,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn each_model_route_takes_a_version_or_none() {
         let (server, _scratch) = server(Default::default()).await;
-        let app = router(server.clone(), 1 << 20, 1 << 30, false);
+        let app = router(server.clone(), 1 << 20, ByteBudget::new(1 << 30), false);
         let key = Some(ADMIN);
         for suffix in ["", "/ready", "/config", "/stats"] {
             let plain = format!("/v2/models/add_sub_wasm{suffix}");
@@ -1641,7 +1637,7 @@ mod tests {
         };
         let (server, _scratch) = server(limits).await;
         let infer = |max_body: usize| {
-            let app = router(server.clone(), max_body, 1 << 30, false);
+            let app = router(server.clone(), max_body, ByteBudget::new(1 << 30), false);
             async move {
                 let path = "/v2/models/add_sub_wasm/infer";
                 call(&app, "POST", path, Some(ADMIN), add_sub_request()).await
@@ -1651,7 +1647,7 @@ mod tests {
         let (status, body) = infer(64).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
         // No room left to read bodies into: 503 at once, naming the limit.
-        let full = router(server.clone(), 1 << 20, 0, false);
+        let full = router(server.clone(), 1 << 20, ByteBudget::new(0), false);
         let path = "/v2/models/add_sub_wasm/infer";
         let (status, body) = call(&full, "POST", path, Some(ADMIN), add_sub_request()).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
