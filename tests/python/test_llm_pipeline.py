@@ -17,7 +17,7 @@ from openai import BadRequestError, NotFoundError, OpenAI
 from tokenizers import Tokenizer
 
 from conftest import MODEL_REPOSITORY, metric, wait_for
-from test_llm import PROMPTS, llm_metric, parallel, reference
+from test_llm import MODEL, PROMPTS, grpc_client, llm_metric, parallel, reference, request
 
 TOKENIZER = MODEL_REPOSITORY / "tensorrt_llm" / "1" / "tokenizer.json"
 BLS = "tensorrt_llm_bls"
@@ -226,6 +226,86 @@ def test_openai_chat_and_completions_with_the_official_client(openai_client, tok
     assert finishes == [chat.choices[0].finish_reason]
     assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens
     assert usage.prompt_tokens == chat.usage.prompt_tokens > 0
+
+
+def utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def engine_log_probs(server, ids: list[int], max_tokens: int) -> list[float]:
+    """The engine's own log-probabilities for a greedy generation, asked over gRPC."""
+    client = grpc_client(server)
+    try:
+        result = client.infer(MODEL, request(ids, max_tokens,
+                                             return_log_probs=np.array([[True]])))
+    finally:
+        client.close()
+    return [float(v) for v in result.as_numpy("output_log_probs")[0][0]]
+
+
+def test_log_probabilities_are_the_engines_token_for_token(server, openai_client, tokenizer):
+    """`logprobs` on both endpoints, streamed and not: one entry per generated token, in order,
+    each the engine's own log-probability for it (asked of the engine directly), and the
+    tokens' bytes add up to the text, Chinese included (a token may hold part of a
+    character: its `bytes` hold it, its `token` shows U+FFFD)."""
+    prompt = "The capital of France is"
+    expected = engine_log_probs(server, tokenizer.encode(prompt).ids, 12)
+    completion = openai_client.completions.create(model=BLS, prompt=prompt, max_tokens=12,
+                                                  logprobs=0)
+    choice = completion.choices[0]
+    assert choice.logprobs.token_logprobs == pytest.approx(expected, abs=1e-3)
+    assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    assert "".join(choice.logprobs.tokens) == choice.text
+    lengths = [len(t) for t in choice.logprobs.tokens]
+    assert choice.logprobs.text_offset == [sum(lengths[:i]) for i in range(len(lengths))]
+    streamed = [c.choices[0].logprobs for c in openai_client.completions.create(
+        model=BLS, prompt=prompt, max_tokens=12, logprobs=0, stream=True)
+        if c.choices and c.choices[0].logprobs]
+    assert [t for lp in streamed for t in lp.tokens] == choice.logprobs.tokens
+    assert [v for lp in streamed for v in lp.token_logprobs] == pytest.approx(expected, abs=1e-3)
+    assert [o for lp in streamed for o in lp.text_offset] == choice.logprobs.text_offset
+
+    messages = [{"role": "user", "content": "请用中文介绍一下你自己。"}]
+    chat = openai_client.chat.completions.create(model=BLS, messages=messages, max_tokens=24,
+                                                 logprobs=True)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens - (chat.choices[0].finish_reason == "stop")
+    text = chat.choices[0].message.content.encode()
+    joined = b"".join(bytes(t.bytes) for t in content)
+    # A character the token limit cut off is left out of the text, not of the tokens.
+    assert joined.startswith(text) and len(joined) - len(text) < 4, (joined, text)
+    assert any(not utf8(bytes(t.bytes)) for t in content), "no token held part of a character"
+    assert all(t.token == bytes(t.bytes).decode("utf-8", "replace") and t.top_logprobs == []
+               for t in content)
+    streamed = [t for c in openai_client.chat.completions.create(
+        model=BLS, messages=messages, max_tokens=24, logprobs=True, stream=True)
+        for choice in c.choices if choice.logprobs for t in choice.logprobs.content]
+    assert [bytes(t.bytes) for t in streamed] == [bytes(t.bytes) for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-3)
+    without = openai_client.chat.completions.create(model=BLS, messages=messages, max_tokens=4)
+    assert without.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("path, extra, says", [
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 3}, "top_logprobs 3 is not supported"),
+    ("/v1/chat/completions", {"top_logprobs": 0}, "needs logprobs: true"),
+    ("/v1/chat/completions", {"logprobs": 2}, "true or false"),
+    ("/v1/completions", {"logprobs": 2}, "logprobs 2 is not supported"),
+    ("/v1/completions", {"logprobs": 9}, "from 0 to 5"),
+    ("/v1/completions", {"logprobs": 0, "model": "ensemble"}, "does not return log-probabilities"),
+])
+def test_log_probabilities_that_cannot_be_served_are_refused(server, path, extra, says):
+    body = {"model": BLS, "max_tokens": 4}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path
+                else {"prompt": "hi"})
+    body.update(extra)
+    status, answer = post(server, path, body)
+    assert status == 400, answer
+    assert says in answer["error"]["message"], answer
 
 
 def test_stop_strings_end_the_text_before_them(openai_client, tokenizer):

@@ -40,6 +40,8 @@ struct Generation {
     text: String,
     prompt_tokens: u32,
     completion_tokens: u32,
+    /// With `return_logprobs`: the tokens not yet sent, their bytes and log-probabilities.
+    logprobs: Option<(Vec<Vec<u8>>, Vec<f32>)>,
 }
 
 struct Bls {
@@ -72,7 +74,8 @@ fn utf8(tensor: &Tensor) -> Result<String, Error> {
 
 impl Bls {
     /// Starts one request: its prompt, and the engine's stream for it.
-    fn start(&self, request: &Request) -> Result<(ResponseStream, bool, StopStrings, u32), Error> {
+    /// The generation is made without its sender, which the caller adds.
+    fn start(&self, request: &Request) -> Result<Generation, Error> {
         let prompt = match (
             request.get_input("messages"),
             request.get_input("text_input"),
@@ -119,6 +122,10 @@ impl Bls {
             Some(t) => t.as_strings()?.into_iter().map(str::to_owned).collect(),
             None => Vec::new(),
         };
+        let logprobs = match request.get_input("return_logprobs") {
+            Some(t) => t.as_bool()?.first().copied().unwrap_or(false),
+            None => false,
+        };
         let prompt_tokens = ids.len() as u32;
         let mut engine = Request::builder()
             .input(Tensor::from_i32("input_ids", [1, ids.len() as i64], &ids))
@@ -129,14 +136,25 @@ impl Bls {
             ))
             // Always streamed from the engine: text goes out as it comes, and a stop string
             // ends generation at once.
-            .input(Tensor::from_bool("streaming", [1, 1], &[true]));
+            .input(Tensor::from_bool("streaming", [1, 1], &[true]))
+            .input(Tensor::from_bool("return_log_probs", [1, 1], &[logprobs]));
         for (ours, theirs) in SAMPLING {
             if let Some(t) = request.get_input(ours) {
                 engine = engine.input(t.clone().renamed(*theirs).reshaped([1, 1]));
             }
         }
         let engine = tessera_guest::infer_stream(&self.engine, None, engine.build())?;
-        Ok((engine, stream, StopStrings::new(stops), prompt_tokens))
+        Ok(Generation {
+            sender: None,
+            engine,
+            stream,
+            detokenizer: Detokenizer::default(),
+            stops: StopStrings::new(stops),
+            text: String::new(),
+            prompt_tokens,
+            completion_tokens: 0,
+            logprobs: logprobs.then(Default::default),
+        })
     }
 
     /// Forwards what has arrived for one generation. Returns true when it is over.
@@ -182,6 +200,18 @@ impl Bls {
             .map(|&t| u32::try_from(t).unwrap_or(0))
             .collect();
         g.completion_tokens += ids.len() as u32;
+        if let Some((bytes, logprobs)) = &mut g.logprobs {
+            let values = response.output("output_log_probs")?.as_f32()?;
+            if values.len() != ids.len() {
+                return Err(Error::internal(format!(
+                    "the engine gave {} log-probabilities for {} tokens",
+                    values.len(),
+                    ids.len()
+                )));
+            }
+            bytes.extend(ids.iter().map(|&id| self.text.token_bytes(id)));
+            logprobs.extend_from_slice(&values);
+        }
         let finish = response
             .parameter("finish_reason")
             .and_then(|v| v.as_str())
@@ -204,8 +234,11 @@ impl Bls {
         };
         let Some(reason) = finish else {
             if g.stream && !out.is_empty() {
-                let piece =
-                    Response::new().with_output(Tensor::from_strings("text_output", [1], &[out]));
+                let piece = g.with_logprobs(Response::new().with_output(Tensor::from_strings(
+                    "text_output",
+                    [1],
+                    &[out],
+                )));
                 let sent = g.sender.as_ref().map(|s| s.send(piece));
                 // The caller has gone: drop the generation (and with it the engine's stream).
                 return Ok(!matches!(sent, Some(Ok(()))));
@@ -219,7 +252,8 @@ impl Bls {
             g.text.push_str(&out);
             std::mem::take(&mut g.text)
         };
-        let last = Response::new()
+        let last = g
+            .with_logprobs(Response::new())
             .with_output(Tensor::from_strings("text_output", [1], &[text]))
             .with_parameter("finish_reason", reason)
             .with_parameter("prompt_tokens", i64::from(g.prompt_tokens))
@@ -230,6 +264,23 @@ impl Bls {
 }
 
 impl Generation {
+    /// `response` with the log-probabilities of the tokens not sent yet, if asked for.
+    fn with_logprobs(&mut self, response: Response) -> Response {
+        let Some((bytes, logprobs)) = self.logprobs.as_mut() else {
+            return response;
+        };
+        let n = logprobs.len() as i64;
+        let response = response
+            .with_output(Tensor::from_bytes_elements(
+                "token_bytes",
+                [n],
+                std::mem::take(bytes),
+            ))
+            .with_output(Tensor::from_f32("token_logprobs", [n], logprobs));
+        logprobs.clear();
+        response
+    }
+
     /// Sends the final response, or the error that ends the request.
     fn end(&mut self, last: Result<Response, Error>) {
         if let Some(sender) = self.sender.take() {
@@ -260,15 +311,9 @@ impl DecoupledModel for Bls {
     fn execute(&mut self, requests: Vec<(Request, ResponseSender)>) {
         for (request, sender) in requests {
             match self.start(&request) {
-                Ok((engine, stream, stops, prompt_tokens)) => self.generations.push(Generation {
+                Ok(generation) => self.generations.push(Generation {
                     sender: Some(sender),
-                    engine,
-                    stream,
-                    detokenizer: Detokenizer::default(),
-                    stops,
-                    text: String::new(),
-                    prompt_tokens,
-                    completion_tokens: 0,
+                    ..generation
                 }),
                 Err(e) => {
                     let _ = sender.fail(e);

@@ -94,6 +94,32 @@ impl Text {
             .map_err(|e| format!("cannot decode: {e}"))
     }
 
+    /// The bytes one token stands for, as OpenAI's log-probabilities give them: a token may hold
+    /// part of a character, which no text of it alone can show.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(token) = self.tokenizer.id_to_token(id) else {
+            return Vec::new();
+        };
+        if matches!(
+            self.tokenizer.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        ) && let Some(bytes) = byte_level_bytes(&token)
+        {
+            return bytes;
+        }
+        // A SentencePiece byte-fallback token, `<0xE4>`.
+        if let Some(byte) = token
+            .strip_prefix("<0x")
+            .and_then(|t| t.strip_suffix('>'))
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            return vec![byte];
+        }
+        self.decode(&[id])
+            .map(String::into_bytes)
+            .unwrap_or_default()
+    }
+
     /// The prompt the model's chat template makes of `messages`, ending where the assistant's
     /// answer begins.
     pub fn chat_prompt(&self, messages: &[Message]) -> Result<String, String> {
@@ -125,6 +151,22 @@ impl Text {
             })
             .map_err(|e| format!("cannot render the chat template: {e}"))
     }
+}
+
+/// The bytes of a byte-level BPE token (GPT-2's vocabulary, SmolLM2's): each byte is written as
+/// one character, printable bytes as themselves and the others (controls, space, 127-160, 173)
+/// as U+0100 onwards, in byte order. None for a token outside that alphabet.
+fn byte_level_bytes(token: &str) -> Option<Vec<u8>> {
+    token
+        .chars()
+        .map(|c| match u32::from(c) {
+            c @ (33..=126 | 161..=172 | 174..=255) => Some(c as u8),
+            c @ 256..=288 => Some((c - 256) as u8),
+            c @ 289..=322 => Some((c - 289 + 127) as u8),
+            323 => Some(173),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Turns the token ids of one sequence, as they come, into text deltas.
@@ -245,6 +287,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn byte_level_tokens_give_back_every_byte() {
+        // GPT-2's bytes_to_unicode, the forward mapping: printable bytes as themselves, the
+        // rest as U+0100 onwards in byte order.
+        let printable = |b: u8| matches!(b, 33..=126 | 161..=172 | 174..=255);
+        let mut shifted = 0u32;
+        for b in 0..=255u8 {
+            let c = if printable(b) {
+                char::from(b)
+            } else {
+                shifted += 1;
+                char::from_u32(255 + shifted).expect("a character")
+            };
+            assert_eq!(byte_level_bytes(&c.to_string()), Some(vec![b]), "byte {b}");
+        }
+        assert_eq!(byte_level_bytes("\u{120}hello"), Some(b" hello".to_vec()));
+        assert_eq!(byte_level_bytes("\u{4e2d}"), None);
+    }
+
+    #[test]
     fn detokenizer_streams_the_text_decoding_gives() {
         // The example repository's tokenizer (scripts/fetch_models.sh derives it from the GGUF).
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -267,6 +328,13 @@ mod tests {
         for sample in samples {
             let ids = text.encode(sample).expect("encodes");
             let whole = text.decode(&ids).expect("decodes");
+            // Each token's own bytes, even those holding part of a character, add up to the text.
+            let bytes: Vec<u8> = ids.iter().flat_map(|&id| text.token_bytes(id)).collect();
+            assert_eq!(
+                String::from_utf8_lossy(&bytes),
+                whole,
+                "{sample:?} token by token"
+            );
             for step in [1, 2, 3] {
                 let mut detokenizer = Detokenizer::default();
                 let mut streamed = String::new();

@@ -129,8 +129,11 @@ struct Body {
     repetition_penalty: Option<f64>,
     #[serde(default)]
     echo: bool,
+    /// Chat: true or false; completions: how many alternatives (0: the chosen token only).
     #[serde(default)]
     logprobs: Option<Value>,
+    #[serde(default)]
+    top_logprobs: Option<i64>,
     #[serde(default)]
     suffix: Option<String>,
     #[serde(default)]
@@ -225,6 +228,8 @@ pub struct Prepared {
     pub stream: bool,
     pub include_usage: bool,
     pub endpoint: Endpoint,
+    /// Answers carry each token's log-probability.
+    pub logprobs: bool,
 }
 
 /// Reads a body for `endpoint` into a request of the model's text contract.
@@ -244,13 +249,7 @@ pub fn prepare(
     if body.echo || body.suffix.is_some() {
         return Err(invalid("echo and suffix are not supported"));
     }
-    if body
-        .logprobs
-        .as_ref()
-        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
-    {
-        return Err(invalid("logprobs are not supported by this endpoint yet"));
-    }
+    let logprobs = wants_logprobs(endpoint, body.logprobs.as_ref(), body.top_logprobs)?;
     if body.tools.is_some() || body.response_format.is_some() {
         return Err(invalid("tools and response_format are not supported"));
     }
@@ -372,6 +371,15 @@ pub fn prepare(
             seed.to_le_bytes().to_vec(),
         ));
     }
+    if logprobs {
+        if !has_input("return_logprobs") {
+            return Err(invalid(format!(
+                "model '{}' does not return log-probabilities (it has no input 'return_logprobs', as tensorrt_llm_bls has)",
+                body.model
+            )));
+        }
+        inputs.push(scalar_tensor("return_logprobs", DataType::Bool, vec![1]));
+    }
     if let Some(stop) = body.stop {
         let stops = stop.into_vec();
         if stops.len() > 4 {
@@ -405,7 +413,69 @@ pub fn prepare(
         stream: body.stream,
         include_usage: body.stream_options.is_some_and(|o| o.include_usage),
         endpoint,
+        logprobs,
     })
+}
+
+/// Whether a request asks for the log-probabilities of the tokens it gets. Chat takes
+/// `logprobs: true` and `top_logprobs` (alternatives per token), completions `logprobs: n`
+/// (alternatives per token, 0 for none). Alternatives are not served: the engine returns the
+/// chosen token's log-probability only, so a request for them is refused, not answered without.
+fn wants_logprobs(
+    endpoint: Endpoint,
+    logprobs: Option<&Value>,
+    top_logprobs: Option<i64>,
+) -> Result<bool, InferError> {
+    let no_alternatives = |n: i64, name: &str| {
+        if n == 0 {
+            Ok(())
+        } else {
+            Err(invalid(format!(
+                "{name} {n} is not supported: only the chosen token's log-probability is returned ({name} 0)"
+            )))
+        }
+    };
+    let wanted = match (endpoint, logprobs) {
+        (_, None | Some(Value::Null)) => false,
+        (Endpoint::Chat, Some(Value::Bool(b))) => *b,
+        (Endpoint::Chat, Some(other)) => {
+            return Err(invalid(format!(
+                "logprobs must be true or false, got {other}"
+            )));
+        }
+        (Endpoint::Completions, Some(value)) => {
+            let n = value
+                .as_i64()
+                .filter(|n| (0..=5).contains(n))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "logprobs must be an integer from 0 to 5, got {value}"
+                    ))
+                })?;
+            no_alternatives(n, "logprobs")?;
+            true
+        }
+    };
+    match (endpoint, top_logprobs) {
+        (_, None) => {}
+        (Endpoint::Completions, Some(_)) => {
+            return Err(invalid(
+                "top_logprobs is a chat parameter; completions take logprobs: n",
+            ));
+        }
+        (Endpoint::Chat, Some(n)) => {
+            if !(0..=20).contains(&n) {
+                return Err(invalid(format!(
+                    "top_logprobs must be from 0 to 20, got {n}"
+                )));
+            }
+            if !wanted {
+                return Err(invalid("top_logprobs needs logprobs: true"));
+            }
+            no_alternatives(n, "top_logprobs")?;
+        }
+    }
+    Ok(wanted)
 }
 
 /// Ids of completions: unique within this process, in OpenAI's shape.
@@ -433,6 +503,91 @@ struct Piece {
     text: String,
     finish: Option<String>,
     usage: Option<(i64, i64)>,
+    /// The tokens it releases, with their log-probabilities (when asked for).
+    tokens: Vec<TokenLogprob>,
+}
+
+/// One generated token and its log-probability.
+struct TokenLogprob {
+    bytes: Vec<u8>,
+    logprob: f32,
+}
+
+impl TokenLogprob {
+    /// The token as text: a token holding part of a character shows U+FFFD for it, as OpenAI's
+    /// do; `bytes` has it whole.
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+/// `token_bytes` and `token_logprobs` of a response, paired.
+fn token_logprobs(response: &InferResponse) -> Result<Vec<TokenLogprob>, InferError> {
+    let output = |name: &str| response.outputs.iter().find(|t| t.name == name);
+    let (bytes, logprobs) = match (output("token_bytes"), output("token_logprobs")) {
+        (None, None) => return Ok(Vec::new()),
+        (
+            Some(Tensor {
+                data: TensorData::Elements(bytes),
+                ..
+            }),
+            Some(logprobs),
+        ) if logprobs.datatype == DataType::Fp32 => {
+            (bytes, logprobs.to_f64_vec().unwrap_or_default())
+        }
+        _ => {
+            return Err(InferError::internal(
+                "token_bytes (BYTES) and token_logprobs (FP32) must come together",
+            ));
+        }
+    };
+    if bytes.len() != logprobs.len() {
+        return Err(InferError::internal(format!(
+            "{} tokens in token_bytes, {} in token_logprobs",
+            bytes.len(),
+            logprobs.len()
+        )));
+    }
+    Ok(bytes
+        .iter()
+        .zip(logprobs)
+        .map(|(b, lp)| TokenLogprob {
+            bytes: b.to_vec(),
+            logprob: lp as f32,
+        })
+        .collect())
+}
+
+/// OpenAI's `logprobs` of a choice holding `tokens`; `offset` is where the first one begins in
+/// the completion's text (completions' `text_offset`, in characters) and moves past them.
+fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut usize) -> Value {
+    match endpoint {
+        Endpoint::Chat => json!({
+            "content": tokens
+                .iter()
+                .map(|t| json!({
+                    "token": t.text(),
+                    "logprob": t.logprob,
+                    "bytes": t.bytes,
+                    "top_logprobs": [],
+                }))
+                .collect::<Vec<_>>(),
+            "refusal": null,
+        }),
+        Endpoint::Completions => {
+            let mut offsets = Vec::with_capacity(tokens.len());
+            for t in tokens {
+                offsets.push(*offset);
+                *offset += t.text().chars().count();
+            }
+            json!({
+                "tokens": tokens.iter().map(TokenLogprob::text).collect::<Vec<_>>(),
+                "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                "top_logprobs": null,
+                "text_offset": offsets,
+            })
+        }
+    }
 }
 
 fn piece(response: &InferResponse) -> Result<Piece, InferError> {
@@ -461,6 +616,7 @@ fn piece(response: &InferResponse) -> Result<Piece, InferError> {
         text,
         finish,
         usage,
+        tokens: token_logprobs(response)?,
     })
 }
 
@@ -478,6 +634,7 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
     let mut text = String::new();
     let mut finish = None;
     let mut usage = None;
+    let mut tokens = Vec::new();
     while let Some(message) = stream.stream.next().await {
         match message.result {
             Some(Ok(response)) => match piece(&response) {
@@ -485,6 +642,7 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
                     text.push_str(&p.text);
                     finish = p.finish.or(finish);
                     usage = p.usage.or(usage);
+                    tokens.extend(p.tokens);
                 }
                 Err(e) => return error_response(&e),
             },
@@ -493,18 +651,23 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
         }
     }
     let finish = finish.unwrap_or_else(|| "stop".into());
+    let logprobs = if prepared.logprobs {
+        logprobs_json(prepared.endpoint, &tokens, &mut 0)
+    } else {
+        Value::Null
+    };
     let choice = match prepared.endpoint {
         Endpoint::Chat => json!({
             "index": 0,
             "message": { "role": "assistant", "content": text },
             "finish_reason": finish,
-            "logprobs": null,
+            "logprobs": logprobs,
         }),
         Endpoint::Completions => json!({
             "index": 0,
             "text": text,
             "finish_reason": finish,
-            "logprobs": null,
+            "logprobs": logprobs,
         }),
     };
     let object = match prepared.endpoint {
@@ -526,14 +689,15 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
 pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
     let endpoint = prepared.endpoint;
     let include_usage = prepared.include_usage;
+    let with_logprobs = prepared.logprobs;
     let id = completion_id(endpoint);
     let created = now_secs();
     let model = prepared.model.clone();
-    let chunk = move |delta: Value, finish: Option<&str>| -> Value {
+    let chunk = move |delta: Value, finish: Option<&str>, logprobs: Value| -> Value {
         match endpoint {
             Endpoint::Chat => json!({
                 "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": null }],
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs }],
             }),
             Endpoint::Completions => json!({
                 "id": id, "object": "text_completion", "created": created, "model": model,
@@ -541,7 +705,7 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
                     "index": 0,
                     "text": delta.get("content").and_then(Value::as_str).unwrap_or_default(),
                     "finish_reason": finish,
-                    "logprobs": null,
+                    "logprobs": logprobs,
                 }],
             }),
         }
@@ -552,35 +716,52 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
         Done,
     }
     let first = match endpoint {
-        Endpoint::Chat => Some(chunk(json!({ "role": "assistant", "content": "" }), None)),
+        Endpoint::Chat => Some(chunk(
+            json!({ "role": "assistant", "content": "" }),
+            None,
+            Value::Null,
+        )),
         Endpoint::Completions => None,
     };
+    // The state: where the stream is, the first chunk still to send, and (completions'
+    // `text_offset`) how many characters the tokens sent so far hold.
     let events = futures::stream::unfold(
-        (State::Start(stream.stream), first),
-        move |(state, first)| {
+        (State::Start(stream.stream), first, 0usize),
+        move |(state, first, mut offset)| {
             let chunk = chunk.clone();
             async move {
                 let mut stream = match state {
                     State::Done => return None,
                     State::Start(stream) => {
                         if let Some(first) = first {
-                            return Some((vec![first.to_string()], (State::Running(stream), None)));
+                            return Some((
+                                vec![first.to_string()],
+                                (State::Running(stream), None, offset),
+                            ));
                         }
                         stream
                     }
                     State::Running(stream) => stream,
                 };
                 let Some(message) = stream.next().await else {
-                    return Some((vec!["[DONE]".to_owned()], (State::Done, None)));
+                    return Some((vec!["[DONE]".to_owned()], (State::Done, None, offset)));
                 };
                 let mut out = Vec::new();
                 match message.result.map(|r| r.and_then(|response| piece(&response))) {
                     Some(Ok(p)) => {
-                        if !p.text.is_empty() {
-                            out.push(chunk(json!({ "content": p.text }), None).to_string());
+                        // Tokens that end generation may release no text: they still go out.
+                        if !p.text.is_empty() || (with_logprobs && !p.tokens.is_empty()) {
+                            let logprobs = if with_logprobs {
+                                logprobs_json(endpoint, &p.tokens, &mut offset)
+                            } else {
+                                Value::Null
+                            };
+                            out.push(
+                                chunk(json!({ "content": p.text }), None, logprobs).to_string(),
+                            );
                         }
                         if let Some(reason) = &p.finish {
-                            let mut last = chunk(json!({}), Some(reason));
+                            let mut last = chunk(json!({}), Some(reason), Value::Null);
                             if let (Endpoint::Completions, Some(c)) =
                                 (endpoint, last["choices"][0].as_object_mut())
                             {
@@ -588,7 +769,7 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
                             }
                             out.push(last.to_string());
                             if include_usage {
-                                let mut usage = chunk(json!({}), None);
+                                let mut usage = chunk(json!({}), None, Value::Null);
                                 usage["choices"] = json!([]);
                                 usage["usage"] = usage_json(p.usage);
                                 out.push(usage.to_string());
@@ -606,7 +787,7 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
                     }
                     None => {}
                 }
-                Some((out, (State::Running(stream), None)))
+                Some((out, (State::Running(stream), None, offset)))
             }
         },
     )
