@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import queue
 
@@ -290,12 +291,42 @@ def test_log_probabilities_are_the_engines_token_for_token(server, openai_client
     assert without.choices[0].logprobs is None
 
 
+def test_the_most_likely_tokens_come_with_each_one(openai_client):
+    """`top_logprobs` (chat) and `logprobs: n` (completions): n alternatives per token, the most
+    likely first, each a log-probability of the same distribution; the generation is greedy,
+    so the chosen token is the first of them, with the same log-probability."""
+    messages = [{"role": "user", "content": "Name three colours."}]
+    chat = openai_client.chat.completions.create(model=BLS, messages=messages, max_tokens=16,
+                                                 logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert content
+    for t in content:
+        top = t.top_logprobs
+        assert len(top) == 3
+        assert [a.logprob for a in top] == sorted((a.logprob for a in top), reverse=True)
+        assert top[0].bytes == t.bytes and top[0].logprob == pytest.approx(t.logprob, abs=1e-5)
+        assert sum(math.exp(a.logprob) for a in top) <= 1.0 + 1e-4
+    streamed = [t for c in openai_client.chat.completions.create(
+        model=BLS, messages=messages, max_tokens=16, logprobs=True, top_logprobs=3, stream=True)
+        for choice in c.choices if choice.logprobs for t in choice.logprobs.content]
+    assert [[a.bytes for a in t.top_logprobs] for t in streamed] == \
+        [[a.bytes for a in t.top_logprobs] for t in content]
+
+    completion = openai_client.completions.create(model=BLS, prompt="The capital of France is",
+                                                  max_tokens=8, logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert len(logprobs.top_logprobs) == len(logprobs.tokens) == 8
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert 1 <= len(top) <= 2 and top[token] == pytest.approx(value, abs=1e-5)
+        assert max(top.values()) == pytest.approx(value, abs=1e-5)
+
+
 @pytest.mark.parametrize("path, extra, says", [
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 3}, "top_logprobs 3 is not supported"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "from 0 to 20"),
     ("/v1/chat/completions", {"top_logprobs": 0}, "needs logprobs: true"),
     ("/v1/chat/completions", {"logprobs": 2}, "true or false"),
-    ("/v1/completions", {"logprobs": 2}, "logprobs 2 is not supported"),
     ("/v1/completions", {"logprobs": 9}, "from 0 to 5"),
+    ("/v1/completions", {"top_logprobs": 2}, "chat parameter"),
     ("/v1/completions", {"logprobs": 0, "model": "ensemble"}, "does not return log-probabilities"),
 ])
 def test_log_probabilities_that_cannot_be_served_are_refused(server, path, extra, says):

@@ -40,8 +40,19 @@ struct Generation {
     text: String,
     prompt_tokens: u32,
     completion_tokens: u32,
-    /// With `return_logprobs`: the tokens not yet sent, their bytes and log-probabilities.
-    logprobs: Option<(Vec<Vec<u8>>, Vec<f32>)>,
+    /// With `return_logprobs`: the tokens not yet sent.
+    logprobs: Option<Pending>,
+}
+
+/// Tokens whose log-probabilities are not sent yet: each one's bytes and log-probability, and
+/// `top` alternatives each (flattened, the most likely first).
+#[derive(Default)]
+struct Pending {
+    top: usize,
+    bytes: Vec<Vec<u8>>,
+    logprobs: Vec<f32>,
+    top_bytes: Vec<Vec<u8>>,
+    top_logprobs: Vec<f32>,
 }
 
 struct Bls {
@@ -122,10 +133,14 @@ impl Bls {
             Some(t) => t.as_strings()?.into_iter().map(str::to_owned).collect(),
             None => Vec::new(),
         };
+        let top = match request.get_input("top_logprobs") {
+            Some(t) => t.as_i32()?.first().copied().unwrap_or(0),
+            None => 0,
+        };
         let logprobs = match request.get_input("return_logprobs") {
             Some(t) => t.as_bool()?.first().copied().unwrap_or(false),
             None => false,
-        };
+        } || top > 0;
         let prompt_tokens = ids.len() as u32;
         let mut engine = Request::builder()
             .input(Tensor::from_i32("input_ids", [1, ids.len() as i64], &ids))
@@ -138,6 +153,9 @@ impl Bls {
             // ends generation at once.
             .input(Tensor::from_bool("streaming", [1, 1], &[true]))
             .input(Tensor::from_bool("return_log_probs", [1, 1], &[logprobs]));
+        if top > 0 {
+            engine = engine.input(Tensor::from_i32("top_log_probs", [1, 1], &[top]));
+        }
         for (ours, theirs) in SAMPLING {
             if let Some(t) = request.get_input(ours) {
                 engine = engine.input(t.clone().renamed(*theirs).reshaped([1, 1]));
@@ -153,7 +171,10 @@ impl Bls {
             text: String::new(),
             prompt_tokens,
             completion_tokens: 0,
-            logprobs: logprobs.then(Default::default),
+            logprobs: logprobs.then(|| Pending {
+                top: usize::try_from(top).unwrap_or(0),
+                ..Pending::default()
+            }),
         })
     }
 
@@ -200,7 +221,7 @@ impl Bls {
             .map(|&t| u32::try_from(t).unwrap_or(0))
             .collect();
         g.completion_tokens += ids.len() as u32;
-        if let Some((bytes, logprobs)) = &mut g.logprobs {
+        if let Some(pending) = &mut g.logprobs {
             let values = response.output("output_log_probs")?.as_f32()?;
             if values.len() != ids.len() {
                 return Err(Error::internal(format!(
@@ -209,8 +230,27 @@ impl Bls {
                     ids.len()
                 )));
             }
-            bytes.extend(ids.iter().map(|&id| self.text.token_bytes(id)));
-            logprobs.extend_from_slice(&values);
+            pending
+                .bytes
+                .extend(ids.iter().map(|&id| self.text.token_bytes(id)));
+            pending.logprobs.extend_from_slice(&values);
+            if pending.top > 0 {
+                let top_ids = response.output("output_top_log_prob_ids")?.as_i32()?;
+                let top_values = response.output("output_top_log_probs")?.as_f32()?;
+                let expected = ids.len() * pending.top;
+                if top_ids.len() != expected || top_values.len() != expected {
+                    return Err(Error::internal(format!(
+                        "the engine gave {} alternatives for {} tokens of {} each",
+                        top_ids.len(),
+                        ids.len(),
+                        pending.top
+                    )));
+                }
+                pending.top_bytes.extend(top_ids.iter().map(|&id| {
+                    u32::try_from(id).map_or_else(|_| Vec::new(), |id| self.text.token_bytes(id))
+                }));
+                pending.top_logprobs.extend_from_slice(&top_values);
+            }
         }
         let finish = response
             .parameter("finish_reason")
@@ -266,18 +306,33 @@ impl Bls {
 impl Generation {
     /// `response` with the log-probabilities of the tokens not sent yet, if asked for.
     fn with_logprobs(&mut self, response: Response) -> Response {
-        let Some((bytes, logprobs)) = self.logprobs.as_mut() else {
+        let Some(p) = self.logprobs.as_mut() else {
             return response;
         };
-        let n = logprobs.len() as i64;
-        let response = response
+        let n = p.logprobs.len() as i64;
+        let mut response = response
             .with_output(Tensor::from_bytes_elements(
                 "token_bytes",
                 [n],
-                std::mem::take(bytes),
+                std::mem::take(&mut p.bytes),
             ))
-            .with_output(Tensor::from_f32("token_logprobs", [n], logprobs));
-        logprobs.clear();
+            .with_output(Tensor::from_f32("token_logprobs", [n], &p.logprobs));
+        p.logprobs.clear();
+        if p.top > 0 {
+            let shape = [n, p.top as i64];
+            response = response
+                .with_output(Tensor::from_bytes_elements(
+                    "top_token_bytes",
+                    shape,
+                    std::mem::take(&mut p.top_bytes),
+                ))
+                .with_output(Tensor::from_f32(
+                    "top_token_logprobs",
+                    shape,
+                    &p.top_logprobs,
+                ));
+            p.top_logprobs.clear();
+        }
         response
     }
 

@@ -228,8 +228,8 @@ pub struct Prepared {
     pub stream: bool,
     pub include_usage: bool,
     pub endpoint: Endpoint,
-    /// Answers carry each token's log-probability.
-    pub logprobs: bool,
+    /// Answers carry each token's log-probability, with this many alternatives.
+    pub logprobs: Option<u32>,
 }
 
 /// Reads a body for `endpoint` into a request of the model's text contract.
@@ -371,7 +371,7 @@ pub fn prepare(
             seed.to_le_bytes().to_vec(),
         ));
     }
-    if logprobs {
+    if let Some(top) = logprobs {
         if !has_input("return_logprobs") {
             return Err(invalid(format!(
                 "model '{}' does not return log-probabilities (it has no input 'return_logprobs', as tensorrt_llm_bls has)",
@@ -379,6 +379,13 @@ pub fn prepare(
             )));
         }
         inputs.push(scalar_tensor("return_logprobs", DataType::Bool, vec![1]));
+        if top > 0 {
+            inputs.push(scalar_tensor(
+                "top_logprobs",
+                DataType::Int32,
+                (top as i32).to_le_bytes().to_vec(),
+            ));
+        }
     }
     if let Some(stop) = body.stop {
         let stops = stop.into_vec();
@@ -417,65 +424,54 @@ pub fn prepare(
     })
 }
 
-/// Whether a request asks for the log-probabilities of the tokens it gets. Chat takes
-/// `logprobs: true` and `top_logprobs` (alternatives per token), completions `logprobs: n`
-/// (alternatives per token, 0 for none). Alternatives are not served: the engine returns the
-/// chosen token's log-probability only, so a request for them is refused, not answered without.
+/// Whether a request asks for the log-probabilities of the tokens it gets, and for how many
+/// alternatives at each place. Chat takes `logprobs: true` and `top_logprobs` (0 to 20),
+/// completions `logprobs: n` (0 to 5).
 fn wants_logprobs(
     endpoint: Endpoint,
     logprobs: Option<&Value>,
     top_logprobs: Option<i64>,
-) -> Result<bool, InferError> {
-    let no_alternatives = |n: i64, name: &str| {
-        if n == 0 {
-            Ok(())
-        } else {
-            Err(invalid(format!(
-                "{name} {n} is not supported: only the chosen token's log-probability is returned ({name} 0)"
-            )))
-        }
-    };
-    let wanted = match (endpoint, logprobs) {
-        (_, None | Some(Value::Null)) => false,
-        (Endpoint::Chat, Some(Value::Bool(b))) => *b,
-        (Endpoint::Chat, Some(other)) => {
-            return Err(invalid(format!(
-                "logprobs must be true or false, got {other}"
-            )));
-        }
-        (Endpoint::Completions, Some(value)) => {
-            let n = value
-                .as_i64()
-                .filter(|n| (0..=5).contains(n))
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "logprobs must be an integer from 0 to 5, got {value}"
-                    ))
-                })?;
-            no_alternatives(n, "logprobs")?;
-            true
-        }
-    };
-    match (endpoint, top_logprobs) {
-        (_, None) => {}
-        (Endpoint::Completions, Some(_)) => {
-            return Err(invalid(
-                "top_logprobs is a chat parameter; completions take logprobs: n",
-            ));
-        }
-        (Endpoint::Chat, Some(n)) => {
-            if !(0..=20).contains(&n) {
-                return Err(invalid(format!(
+) -> Result<Option<u32>, InferError> {
+    match endpoint {
+        Endpoint::Chat => {
+            let wanted = match logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "logprobs must be true or false, got {other}"
+                    )));
+                }
+            };
+            match top_logprobs {
+                None => Ok(wanted.then_some(0)),
+                Some(n) if !(0..=20).contains(&n) => Err(invalid(format!(
                     "top_logprobs must be from 0 to 20, got {n}"
-                )));
+                ))),
+                Some(_) if !wanted => Err(invalid("top_logprobs needs logprobs: true")),
+                Some(n) => Ok(Some(n as u32)),
             }
-            if !wanted {
-                return Err(invalid("top_logprobs needs logprobs: true"));
+        }
+        Endpoint::Completions => {
+            if top_logprobs.is_some() {
+                return Err(invalid(
+                    "top_logprobs is a chat parameter; completions take logprobs: n",
+                ));
             }
-            no_alternatives(n, "top_logprobs")?;
+            match logprobs {
+                None | Some(Value::Null) => Ok(None),
+                Some(value) => value
+                    .as_i64()
+                    .filter(|n| (0..=5).contains(n))
+                    .map(|n| Some(n as u32))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "logprobs must be an integer from 0 to 5, got {value}"
+                        ))
+                    }),
+            }
         }
     }
-    Ok(wanted)
 }
 
 /// Ids of completions: unique within this process, in OpenAI's shape.
@@ -507,10 +503,11 @@ struct Piece {
     tokens: Vec<TokenLogprob>,
 }
 
-/// One generated token and its log-probability.
+/// One generated token and its log-probability, and the most likely tokens at its place.
 struct TokenLogprob {
     bytes: Vec<u8>,
     logprob: f32,
+    top: Vec<TokenLogprob>,
 }
 
 impl TokenLogprob {
@@ -521,41 +518,72 @@ impl TokenLogprob {
     }
 }
 
-/// `token_bytes` and `token_logprobs` of a response, paired.
-fn token_logprobs(response: &InferResponse) -> Result<Vec<TokenLogprob>, InferError> {
+/// Tokens from the BYTES elements of one output and the FP32 log-probabilities of another,
+/// when both are there.
+fn paired(
+    response: &InferResponse,
+    bytes_name: &str,
+    values_name: &str,
+) -> Result<Option<Vec<TokenLogprob>>, InferError> {
     let output = |name: &str| response.outputs.iter().find(|t| t.name == name);
-    let (bytes, logprobs) = match (output("token_bytes"), output("token_logprobs")) {
-        (None, None) => return Ok(Vec::new()),
+    match (output(bytes_name), output(values_name)) {
+        (None, None) => Ok(None),
         (
             Some(Tensor {
                 data: TensorData::Elements(bytes),
                 ..
             }),
-            Some(logprobs),
-        ) if logprobs.datatype == DataType::Fp32 => {
-            (bytes, logprobs.to_f64_vec().unwrap_or_default())
+            Some(values),
+        ) if values.datatype == DataType::Fp32 => {
+            let values = values.to_f64_vec().unwrap_or_default();
+            if bytes.len() != values.len() {
+                return Err(InferError::internal(format!(
+                    "{} elements in {bytes_name}, {} in {values_name}",
+                    bytes.len(),
+                    values.len()
+                )));
+            }
+            Ok(Some(
+                bytes
+                    .iter()
+                    .zip(values)
+                    .map(|(b, logprob)| TokenLogprob {
+                        bytes: b.to_vec(),
+                        logprob: logprob as f32,
+                        top: Vec::new(),
+                    })
+                    .collect(),
+            ))
         }
-        _ => {
-            return Err(InferError::internal(
-                "token_bytes (BYTES) and token_logprobs (FP32) must come together",
-            ));
-        }
-    };
-    if bytes.len() != logprobs.len() {
-        return Err(InferError::internal(format!(
-            "{} tokens in token_bytes, {} in token_logprobs",
-            bytes.len(),
-            logprobs.len()
-        )));
+        _ => Err(InferError::internal(format!(
+            "{bytes_name} (BYTES) and {values_name} (FP32) must come together"
+        ))),
     }
-    Ok(bytes
-        .iter()
-        .zip(logprobs)
-        .map(|(b, lp)| TokenLogprob {
-            bytes: b.to_vec(),
-            logprob: lp as f32,
-        })
-        .collect())
+}
+
+/// The tokens of a response with their log-probabilities (`token_bytes`, `token_logprobs`) and
+/// alternatives (`top_token_bytes`, `top_token_logprobs`, as many per token).
+fn token_logprobs(response: &InferResponse) -> Result<Vec<TokenLogprob>, InferError> {
+    let Some(mut tokens) = paired(response, "token_bytes", "token_logprobs")? else {
+        return Ok(Vec::new());
+    };
+    if let Some(alternatives) = paired(response, "top_token_bytes", "top_token_logprobs")?
+        && !tokens.is_empty()
+    {
+        if alternatives.len() % tokens.len() != 0 {
+            return Err(InferError::internal(format!(
+                "{} alternatives for {} tokens",
+                alternatives.len(),
+                tokens.len()
+            )));
+        }
+        let per_token = alternatives.len() / tokens.len();
+        let mut alternatives = alternatives.into_iter();
+        for token in &mut tokens {
+            token.top = alternatives.by_ref().take(per_token).collect();
+        }
+    }
+    Ok(tokens)
 }
 
 /// OpenAI's `logprobs` of a choice holding `tokens`; `offset` is where the first one begins in
@@ -569,7 +597,11 @@ fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut usize
                     "token": t.text(),
                     "logprob": t.logprob,
                     "bytes": t.bytes,
-                    "top_logprobs": [],
+                    "top_logprobs": t.top.iter().map(|a| json!({
+                        "token": a.text(),
+                        "logprob": a.logprob,
+                        "bytes": a.bytes,
+                    })).collect::<Vec<_>>(),
                 }))
                 .collect::<Vec<_>>(),
             "refusal": null,
@@ -583,7 +615,18 @@ fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut usize
             json!({
                 "tokens": tokens.iter().map(TokenLogprob::text).collect::<Vec<_>>(),
                 "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-                "top_logprobs": null,
+                // One map per token, as OpenAI's: alternatives whose text is the same (parts of
+                // different characters) keep the likelier.
+                "top_logprobs": tokens
+                    .iter()
+                    .map(|t| {
+                        let mut top = serde_json::Map::new();
+                        for a in &t.top {
+                            top.entry(a.text()).or_insert_with(|| json!(a.logprob));
+                        }
+                        Value::Object(top)
+                    })
+                    .collect::<Vec<_>>(),
                 "text_offset": offsets,
             })
         }
@@ -651,7 +694,7 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
         }
     }
     let finish = finish.unwrap_or_else(|| "stop".into());
-    let logprobs = if prepared.logprobs {
+    let logprobs = if prepared.logprobs.is_some() {
         logprobs_json(prepared.endpoint, &tokens, &mut 0)
     } else {
         Value::Null
@@ -689,7 +732,7 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
 pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
     let endpoint = prepared.endpoint;
     let include_usage = prepared.include_usage;
-    let with_logprobs = prepared.logprobs;
+    let with_logprobs = prepared.logprobs.is_some();
     let id = completion_id(endpoint);
     let created = now_secs();
     let model = prepared.model.clone();

@@ -6,14 +6,16 @@
 //! `input_lengths`, `request_output_len`, `end_id`, `pad_id`, `streaming`, `beam_width` (1
 //! only), `temperature`, `runtime_top_k`, `runtime_top_p`, `min_p` (Tessera's),
 //! `repetition_penalty`, `presence_penalty`, `frequency_penalty`, `min_length`/`min_tokens`,
-//! `random_seed`/`seed`, `stop_words_list`, `return_log_probs`, `exclude_input_in_output`.
+//! `random_seed`/`seed`, `stop_words_list`, `return_log_probs`, `top_log_probs` (Tessera's: the
+//! most likely tokens at each place, up to 20, as OpenAI's `top_logprobs`),
+//! `exclude_input_in_output`.
 //! Anything else the configuration declares is accepted and ignored, as TensorRT-LLM ignores
 //! inputs a request leaves out.
 
 use crate::infer::{InferError, InferRequest, InferResponse, ParamValue};
 use crate::tensor::{DataType, Tensor, TensorData};
 
-use super::engine::{Finish, Generation, ModelFacts, Sampling};
+use super::engine::{Finish, Generation, ModelFacts, Sampling, TokenLogProb};
 
 /// A request read from its tensors.
 #[derive(Debug)]
@@ -249,7 +251,19 @@ pub fn parse(
         Ok(scalar(request, names)?.map(|v| v != 0.0))
     };
     let streaming = flag(&["streaming"])?.unwrap_or(false);
-    let log_probs = flag(&["return_log_probs"])?.unwrap_or(false);
+    let top_log_probs = match scalar(request, &["top_log_probs"])? {
+        None => 0,
+        Some(n) if n.fract() == 0.0 && (0.0..=f64::from(MAX_TOP_LOG_PROBS)).contains(&n) => {
+            n as u32
+        }
+        Some(n) => {
+            return Err(InferError::invalid(format!(
+                "top_log_probs must be a whole number from 0 to {MAX_TOP_LOG_PROBS}, got {n}"
+            )));
+        }
+    };
+    // Alternatives come with the chosen token's log-probability.
+    let log_probs = flag(&["return_log_probs"])?.unwrap_or(false) || top_log_probs > 0;
     let exclude = flag(&["exclude_input_in_output"])?.unwrap_or(exclude_input);
     Ok(Parsed {
         generation: Generation {
@@ -260,6 +274,7 @@ pub fn parse(
             end_ids,
             stop_sequences,
             log_probs,
+            top_log_probs,
         },
         streaming,
         // A stream carries only new tokens, as TensorRT-LLM's does.
@@ -267,16 +282,20 @@ pub fn parse(
     })
 }
 
+/// The most alternatives a token's log-probability comes with (OpenAI's bound).
+pub const MAX_TOP_LOG_PROBS: u32 = 20;
+
 fn int32(name: &str, shape: Vec<i64>, values: &[i32]) -> Tensor {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     Tensor::new(name, DataType::Int32, shape, TensorData::Raw(bytes.into()))
 }
 
-/// A response holding `tokens` (and their log-probabilities when asked for); `finish` on the
-/// last one of a request.
+/// A response holding `tokens` (and their log-probabilities when asked for: `top` most likely
+/// tokens at each place beside the chosen one); `finish` on the last one of a request.
 pub fn response(
     tokens: &[i32],
-    log_probs: Option<&[f32]>,
+    log_probs: Option<&[TokenLogProb]>,
+    top: u32,
     finish: Option<Finish>,
 ) -> InferResponse {
     let n = tokens.len() as i64;
@@ -285,13 +304,28 @@ pub fn response(
         int32("sequence_length", vec![1, 1], &[tokens.len() as i32]),
     ];
     if let Some(log_probs) = log_probs {
+        let chosen: Vec<f32> = log_probs.iter().map(|l| l.chosen).collect();
         outputs.push(Tensor::from_f32(
             "output_log_probs",
-            vec![1, 1, log_probs.len() as i64],
-            log_probs,
+            vec![1, 1, chosen.len() as i64],
+            &chosen,
         ));
-        let sum: f32 = log_probs.iter().sum();
+        let sum: f32 = chosen.iter().sum();
         outputs.push(Tensor::from_f32("cum_log_probs", vec![1, 1], &[sum]));
+        if top > 0 {
+            // [1, 1, tokens, top]; a vocabulary smaller than `top` pads with id -1.
+            let shape = vec![1, 1, chosen.len() as i64, i64::from(top)];
+            let (mut ids, mut values) = (Vec::new(), Vec::new());
+            for l in log_probs {
+                for k in 0..top as usize {
+                    let (id, value) = l.top.get(k).copied().unwrap_or((-1, f32::NEG_INFINITY));
+                    ids.push(id);
+                    values.push(value);
+                }
+            }
+            outputs.push(int32("output_top_log_prob_ids", shape.clone(), &ids));
+            outputs.push(Tensor::from_f32("output_top_log_probs", shape, &values));
+        }
     }
     let mut response = InferResponse {
         outputs,

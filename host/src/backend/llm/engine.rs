@@ -144,6 +144,16 @@ pub struct Generation {
     /// `stop_words_list`); they stay in the output.
     pub stop_sequences: Vec<Vec<i32>>,
     pub log_probs: bool,
+    /// With `log_probs`: how many of the most likely tokens to give beside the chosen one.
+    pub top_log_probs: u32,
+}
+
+/// The model's log-probability of a generated token (before temperature and filters), and of
+/// the most likely tokens at its place, most likely first, when they were asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogProb {
+    pub chosen: f32,
+    pub top: Vec<(i32, f32)>,
 }
 
 /// Why a sequence stopped.
@@ -172,7 +182,7 @@ pub enum Event {
     Token {
         slot: u32,
         token: Option<i32>,
-        log_prob: Option<f32>,
+        log_prob: Option<TokenLogProb>,
         finish: Option<Finish>,
         /// The output so far ends inside a UTF-8 character (a token can be half of one): a
         /// stream holds this token back until the character is whole, so that a response
@@ -615,10 +625,13 @@ impl TokenLoop<'_> {
         for (i, index) in sampled_at {
             let seq = &mut self.sequences[i];
             let token = seq.sampler.sample(&self.context, index).0;
-            let log_prob = seq
-                .request
-                .log_probs
-                .then(|| log_prob_of(self.context.get_logits_ith(index), token));
+            let log_prob = seq.request.log_probs.then(|| {
+                log_probs_of(
+                    self.context.get_logits_ith(index),
+                    token,
+                    seq.request.top_log_probs as usize,
+                )
+            });
             if seq.next.is_some() {
                 seq.position += 1; // the fed token is now in the cache
             }
@@ -775,16 +788,33 @@ fn ends_inside_character(unfinished: &mut Vec<u8>, piece: &[u8]) -> bool {
     }
 }
 
-/// The natural log of the model's probability of `token` (before temperature and filters).
-fn log_prob_of(logits: &[f32], token: i32) -> f32 {
+/// The natural logs of the model's probabilities (before temperature and filters) of `token`
+/// and of the `top` most likely tokens.
+fn log_probs_of(logits: &[f32], token: i32, top: usize) -> TokenLogProb {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    let chosen = usize::try_from(token)
-        .ok()
-        .and_then(|t| logits.get(t))
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY);
-    chosen - max - sum.ln()
+    let log_total = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let of = |t: i32| {
+        usize::try_from(t)
+            .ok()
+            .and_then(|t| logits.get(t))
+            .map_or(f32::NEG_INFINITY, |l| l - log_total)
+    };
+    let mut best = Vec::new();
+    if top > 0 {
+        let mut ids: Vec<i32> = (0..logits.len() as i32).collect();
+        let by_logit = |a: &i32, b: &i32| logits[*b as usize].total_cmp(&logits[*a as usize]);
+        let top = top.min(ids.len());
+        if top < ids.len() {
+            ids.select_nth_unstable_by(top, by_logit);
+            ids.truncate(top);
+        }
+        ids.sort_unstable_by(by_logit);
+        best = ids.into_iter().map(|t| (t, of(t))).collect();
+    }
+    TokenLogProb {
+        chosen: of(token),
+        top: best,
+    }
 }
 
 #[cfg(test)]
@@ -872,11 +902,19 @@ mod tests {
 
     #[test]
     fn log_probs_are_a_distribution() {
+        let log_prob_of = |logits: &[f32], t| log_probs_of(logits, t, 0).chosen;
         let logits = [1.0f32, 2.0, 3.0];
         let total: f32 = (0..3).map(|t| log_prob_of(&logits, t).exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
         assert!(log_prob_of(&logits, 2) > log_prob_of(&logits, 0));
         assert_eq!(log_prob_of(&logits, 7), f32::NEG_INFINITY);
+        // The most likely tokens, most likely first, with the same log-probabilities.
+        let logits = [0.5f32, 4.0, -1.0, 3.0, 2.5];
+        let given = log_probs_of(&logits, 4, 3);
+        let ids: Vec<i32> = given.top.iter().map(|(t, _)| *t).collect();
+        assert_eq!(ids, [1, 3, 4]);
+        assert_eq!(given.top[2].1, given.chosen);
+        assert_eq!(log_probs_of(&logits, 4, 9).top.len(), 5);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::config::{self, ModelConfig};
 use crate::infer::{BoxFuture, Call, InferError, InferResponse, InferResult};
 use crate::metrics::ExecutionTiming;
 use crate::stream::{ResponseSender, TrySendError};
-use engine::{Engine, EngineSettings, Event, Finish, ModelFacts, Step};
+use engine::{Engine, EngineSettings, Event, Finish, ModelFacts, Step, TokenLogProb};
 
 /// Where an engine reports the tokens a tenant's requests use (for a tenant's
 /// `tokens_per_minute`).
@@ -193,7 +193,9 @@ struct Active {
     streaming: bool,
     /// What the final response holds (the prompt first when it is echoed).
     tokens: Vec<i32>,
-    log_probs: Option<Vec<f32>>,
+    log_probs: Option<Vec<TokenLogProb>>,
+    /// Alternatives given with each log-probability.
+    top_log_probs: u32,
     /// Responses the reader has no room for yet, with whether each is the last.
     backlog: VecDeque<(InferResponse, bool)>,
 }
@@ -303,6 +305,7 @@ impl LlmInstance {
                 streaming: parsed.streaming,
                 tokens,
                 log_probs: parsed.generation.log_probs.then(Vec::new),
+                top_log_probs: parsed.generation.top_log_probs,
                 backlog: VecDeque::new(),
             },
         );
@@ -401,7 +404,7 @@ impl LlmInstance {
         &mut self,
         slot: u32,
         token: Option<i32>,
-        log_prob: Option<f32>,
+        log_prob: Option<TokenLogProb>,
         finish: Option<Finish>,
         partial_character: bool,
     ) {
@@ -437,7 +440,12 @@ impl LlmInstance {
             if partial_character && finish.is_none() {
                 return;
             }
-            let response = contract::response(&active.tokens, active.log_probs.as_deref(), finish);
+            let response = contract::response(
+                &active.tokens,
+                active.log_probs.as_deref(),
+                active.top_log_probs,
+                finish,
+            );
             active.tokens.clear();
             if let Some(all) = active.log_probs.as_mut() {
                 all.clear();
@@ -452,7 +460,12 @@ impl LlmInstance {
             }
             if finish.is_some() {
                 active.backlog.push_back((
-                    contract::response(&active.tokens, active.log_probs.as_deref(), finish),
+                    contract::response(
+                        &active.tokens,
+                        active.log_probs.as_deref(),
+                        active.top_log_probs,
+                        finish,
+                    ),
                     true,
                 ));
             }
