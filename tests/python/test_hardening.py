@@ -449,7 +449,7 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 @pytest.fixture(scope="module")
 def budget_server(tmp_path_factory):
     """`slow_echo` over inputs of any length, on a server with small memory budgets: 1 MB of
-    inputs in flight, 8 MB of request bodies being read, 3 s to read one."""
+    inputs in flight, 8 MB of request bodies being read, 8 s to read one."""
     repo = tmp_path_factory.mktemp("budgets") / "repository"
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
     (repo / "slow_echo" / "1").mkdir(parents=True)
@@ -458,7 +458,7 @@ def budget_server(tmp_path_factory):
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
                                        "--max-inflight-request-bytes", "1000000",
                                        "--http-max-buffered-bytes", "8000000",
-                                       "--http-body-read-timeout-secs", "3"])
+                                       "--http-body-read-timeout-secs", "8"])
     try:
         yield srv
     finally:
@@ -622,13 +622,85 @@ def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_serv
         assert status == 503 and b"--http-max-buffered-bytes" in body, (status, body[:200])
         assert not isinstance(_echo_grpc(srv, 4), InferenceServerException)
         for sid in stalled:
-            answer = h2c.status(sid, timeout=15)
+            answer = h2c.status(sid, timeout=30)
             assert answer.get("grpc-status") == "4", answer
             assert "--http-body-read-timeout-secs" in answer.get("grpc-message", ""), answer
-        assert time.monotonic() - started >= 2.5, "the stalled calls ended before their timeout"
+        assert time.monotonic() - started >= 7.5, "the stalled calls ended before their timeout"
     finally:
         h2c.close()
     # Their bytes were given back: a 2.5 MB body fits again.
     status, _, _ = srv.request("POST", "/v2/models/slow_echo/infer", b"x" * 2_500_000,
                             {"Content-Type": "application/json"}, timeout=30)
     assert status == 400, status
+
+
+def _stalled_echo(srv, elements: int):
+    """A raw connection that asks slow_echo for `elements` values back as binary data and then
+    reads nothing (a receive buffer of 4 KiB): the answer stays with the server."""
+    import socket
+
+    x = np.arange(elements, dtype=np.float32).tobytes()
+    header = json.dumps({
+        "inputs": [{"name": "X", "shape": [elements, 1], "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(x)}}],
+        "outputs": [{"name": "Y", "parameters": {"binary_data": True}}]}).encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((srv.host, srv.http_port))
+    body = header + x
+    sock.sendall(b"POST /v2/models/slow_echo/infer HTTP/1.1\r\nHost: t\r\n"
+                 + f"Inference-Header-Content-Length: {len(header)}\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def test_answers_a_client_does_not_read_are_held_within_the_buffered_bytes(tmp_path):
+    """--http-max-buffered-bytes covers responses being written too: two clients that sent
+    15 MB each and read nothing hold their answers in it (the kernel takes a few MB of each;
+    the rest waits in the server); a request whose JSON answer (about 13 MB) does not fit
+    beside them is a 503 naming the flag, before a byte of it is sent; small requests still
+    run; once the clients go away, their bytes are free again."""
+    repo = tmp_path / "repository"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
+    (repo / "slow_echo" / "1").mkdir(parents=True)
+    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
+    (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo),
+                                       "--http-max-buffered-bytes", "40000000"])
+    client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
+
+    def echo_as_json(elements: int):
+        x = np.arange(elements, dtype=np.float32).reshape(-1, 1)
+        inp = httpclient.InferInput("X", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        out = httpclient.InferRequestedOutput("Y", binary_data=False)
+        try:
+            return client.infer("slow_echo", [inp], outputs=[out]).as_numpy("Y")
+        except InferenceServerException as e:
+            return e
+
+    stalled = []
+    try:
+        stalled = [_stalled_echo(srv, 3_750_000) for _ in range(2)]
+        refused = None
+        for _ in range(50):
+            answer = echo_as_json(1_500_000)
+            if isinstance(answer, InferenceServerException):
+                refused = answer
+                break
+            assert answer.shape == (1_500_000, 1)
+        assert refused is not None, "the unread answers were not held in the budget"
+        assert "--http-max-buffered-bytes" in refused.message(), refused
+        assert "response" in refused.message(), refused
+        small = echo_as_json(4)
+        assert not isinstance(small, InferenceServerException), small
+        for sock in stalled:
+            sock.close()
+        stalled = []
+        wait_for(lambda: not isinstance(echo_as_json(1_500_000), InferenceServerException),
+                 timeout=20)
+    finally:
+        for sock in stalled:
+            sock.close()
+        client.close()
+        stop(proc, log)

@@ -21,6 +21,7 @@ use crate::api::{StatsSnapshot, Tally};
 use crate::infer::InferError;
 use crate::limits::ByteBudget;
 use crate::protocol::kserve::RegionReader;
+use crate::protocol::listen::WrittenBody;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod pb {
@@ -684,7 +685,8 @@ pub const MAX_HEADER_LIST_BYTES: u32 = 256 * 1024;
 pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 
 /// Bounds what crosses the gRPC boundary, for every RPC and whatever produced the status:
-/// request metadata ([`MAX_METADATA_BYTES`]), request messages being read ([`MessageBudget`]),
+/// request metadata ([`MAX_METADATA_BYTES`]), request messages being read ([`MessageBudget`])
+/// and response messages being written ([`WrittenBody`]),
 /// status messages ([`tessera_core::infer::MAX_ERROR_MESSAGE_BYTES`], since clients drop a
 /// response whose header is too large and report only "stream removed"), and the code of an
 /// oversized message (tonic says OUT_OF_RANGE; gRPC's status table and Triton say
@@ -758,6 +760,7 @@ where
             ))
         });
         let answer = self.inner.call(request);
+        let writing = bounds.reading.clone();
         Box::pin(async move {
             use http_body_util::BodyExt;
             let (mut parts, body) = answer.await?.into_parts();
@@ -769,6 +772,8 @@ where
                 }
                 Err(frame) => frame,
             });
+            // Response messages a client has not taken stay in the budget for buffered bytes.
+            let body = WrittenBody::new(tonic::body::Body::new(body), writing);
             Ok(http::Response::from_parts(
                 parts,
                 tonic::body::Body::new(body),

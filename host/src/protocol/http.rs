@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use super::kserve::{Placement, decode_request_with, encode_response_placed};
+use super::listen::{RESPONSE_SLICE_BYTES, WrittenBody};
 use crate::api::Principal;
 use crate::api::{ControlError, LoadOutcome};
 use crate::api::{Deployed, FunctionError, LoadRequest, Server};
@@ -69,7 +70,44 @@ pub fn router(
     needs_key
         .merge(health_routes())
         .layer(axum::middleware::from_fn(close_when_body_unread))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            hold_response,
+        ))
         .with_state(state)
+}
+
+/// Holds every response's large frames in the budget for buffered bytes until the connection
+/// has taken them ([`WrittenBody`]); a response known whole that does not fit is a 503.
+async fn hold_response(
+    State(s): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let openai = request.uri().path().starts_with("/v1/");
+    let (parts, body) = next.run(request).await.into_parts();
+    let body = match http_body::Body::size_hint(&body).exact() {
+        Some(size) if size > RESPONSE_SLICE_BYTES as u64 => {
+            match WrittenBody::prepaid(body, s.reading.clone(), size as usize) {
+                Ok(held) => Body::new(held),
+                Err((_, over)) => {
+                    tracing::warn!("{over}");
+                    let error = InferError::unavailable(over.to_string());
+                    let mut refused = if openai {
+                        super::openai::error_response(&error)
+                    } else {
+                        error_response(error)
+                    };
+                    refused
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    return refused;
+                }
+            }
+        }
+        _ => Body::new(WrittenBody::new(body, s.reading.clone())),
+    };
+    Response::from_parts(parts, body)
 }
 
 /// An answer given without reading the request's body (a 401, an unknown route, a refusal
