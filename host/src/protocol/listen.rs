@@ -479,3 +479,53 @@ where
         hint
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    fn body(bytes: usize) -> Full<Bytes> {
+        Full::new(Bytes::from(vec![7u8; bytes]))
+    }
+
+    #[tokio::test]
+    async fn a_large_frame_is_held_until_the_connection_takes_its_last_slice() {
+        let budget = ByteBudget::new(1 << 20);
+        let mut held = WrittenBody::new(body(200 * 1024), budget.clone());
+        assert_eq!(http_body::Body::size_hint(&held).exact(), Some(200 * 1024));
+        let mut sizes = Vec::new();
+        while let Some(frame) = held.frame().await {
+            let data = frame.expect("fits").into_data().expect("data");
+            sizes.push(data.len());
+            let expected = if sizes.iter().sum::<usize>() == 200 * 1024 {
+                0
+            } else {
+                200 * 1024
+            };
+            assert_eq!(budget.held_bytes(), expected, "after {sizes:?}");
+        }
+        assert_eq!(sizes, [65536, 65536, 65536, 8192]);
+        // Small frames pass as they are, outside the budget.
+        let mut small = WrittenBody::new(body(1000), budget.clone());
+        let data = small.frame().await.expect("a frame").expect("fits");
+        assert_eq!(data.into_data().map(|d| d.len()).ok(), Some(1000));
+        assert_eq!(budget.held_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_frame_that_does_not_fit_is_refused() {
+        let budget = ByteBudget::new(100 * 1024);
+        let refused = WrittenBody::prepaid(body(200 * 1024), budget.clone(), 200 * 1024);
+        assert!(refused.is_err());
+        let mut streamed = WrittenBody::new(body(200 * 1024), budget.clone());
+        let failed = streamed.frame().await.expect("a frame");
+        assert!(failed.is_err_and(|e| e.to_string().contains("--http-max-buffered-bytes")));
+        // A prepaid body is charged once.
+        let mut prepaid =
+            WrittenBody::prepaid(body(80 * 1024), budget.clone(), 80 * 1024).expect("fits");
+        assert_eq!(budget.held_bytes(), 80 * 1024);
+        while prepaid.frame().await.is_some() {}
+        assert_eq!(budget.held_bytes(), 0);
+    }
+}
