@@ -739,7 +739,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
     );
     let mut front_ends = tokio::task::JoinSet::new();
     // HTTP/1 bodies and gRPC messages being read share one budget.
-    let reading = tessera::limits::ByteBudget::new(serve.limits.http_max_buffered_bytes);
+    let reading = server.buffering();
     if serve.allow_metrics {
         let metrics_addr: SocketAddr =
             format!("{}:{}", serve.http_address, serve.metrics_port).parse()?;

@@ -153,6 +153,8 @@ pub struct Server {
     inflight: Arc<tokio::sync::Semaphore>,
     /// The input bytes of those requests (`--max-inflight-request-bytes`).
     inflight_bytes: crate::limits::ByteBudget,
+    /// What the front-ends hold for clients (`--http-max-buffered-bytes`).
+    buffering: crate::limits::ByteBudget,
     functions: crate::functions::Functions,
     /// Who may call, in which namespace, within which quotas.
     tenants: Arc<Tenants>,
@@ -305,6 +307,7 @@ impl Server {
                 inflight_bytes: crate::limits::ByteBudget::new(
                     options.limits.max_inflight_request_bytes,
                 ),
+                buffering: crate::limits::ByteBudget::new(options.limits.http_max_buffered_bytes),
                 inflight: Arc::new(tokio::sync::Semaphore::new(
                     options.limits.max_inflight_requests,
                 )),
@@ -1120,6 +1123,13 @@ impl Server {
             "Input bytes of those requests, in whole KiB each (--max-inflight-request-bytes)",
         )
         .sample(&[], self.inflight_bytes.held_bytes());
+        crate::metrics::Family::start(
+            &mut text,
+            "tessera_buffered_bytes",
+            "gauge",
+            "Bytes the front-ends hold for clients: request bodies being read and large answers their connections have not taken, in whole KiB each (--http-max-buffered-bytes)",
+        )
+        .sample(&[], self.buffering.held_bytes());
         let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
         let mut family = crate::metrics::Family::start(
             &mut text,
@@ -1392,6 +1402,12 @@ impl Server {
     /// `--max-deployment-bytes`.
     pub fn max_deployment_bytes(&self) -> usize {
         self.options.max_deployment_bytes
+    }
+
+    /// The budget the front-ends hold request bodies and unsent answers in
+    /// (`--http-max-buffered-bytes`), one for HTTP and gRPC alike.
+    pub fn buffering(&self) -> crate::limits::ByteBudget {
+        self.buffering.clone()
     }
 
     /// The server-wide limits it runs with.

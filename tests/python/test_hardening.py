@@ -528,16 +528,21 @@ class _H2Grpc:
     """A raw HTTP/2 connection to the gRPC port that sends gRPC messages as it is told,
     including all but the last bytes of one, which a gRPC library never does."""
 
-    def __init__(self, srv):
+    def __init__(self, srv, reads: bool = True):
+        """`reads` False: the client grants the server no window to answer in."""
         import socket
 
         import h2.config
         import h2.connection
+        import h2.settings
 
         self.sock = socket.create_connection((srv.host, srv.grpc_port), timeout=10)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.conn.initiate_connection()
-        self.conn.increment_flow_control_window(1 << 30)
+        if reads:
+            self.conn.increment_flow_control_window(1 << 30)
+        else:
+            self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
         self.headers: dict[int, dict[str, str]] = {}
         self.ended: set[int] = set()
         self._flush()
@@ -545,8 +550,9 @@ class _H2Grpc:
     def _flush(self):
         self.sock.sendall(self.conn.data_to_send())
 
-    def start_message(self, declared: int, sent: int) -> int:
-        """Opens a ModelInfer call whose message declares `declared` bytes and sends `sent`."""
+    def start_message(self, declared: int, sent: int, message: bytes | None = None) -> int:
+        """Opens a ModelInfer call whose message declares `declared` bytes and sends `sent`
+        (of `message`, else filler); a whole message ends the call's request."""
         import struct
 
         sid = self.conn.get_next_available_stream_id()
@@ -555,7 +561,8 @@ class _H2Grpc:
                                      (":path", "/inference.GRPCInferenceService/ModelInfer"),
                                      ("content-type", "application/grpc"), ("te", "trailers")])
         self.headers[sid] = {}
-        data = memoryview(struct.pack(">BI", 0, declared) + b"\x0a" * sent)
+        payload = message[:sent] if message is not None else b"\x0a" * sent
+        data = memoryview(struct.pack(">BI", 0, declared) + payload)
         while data:
             room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
             if room <= 0:
@@ -563,6 +570,9 @@ class _H2Grpc:
                 continue
             self.conn.send_data(sid, bytes(data[:room]))
             data = data[room:]
+            self._flush()
+        if message is not None and sent == len(message):
+            self.conn.end_stream(sid)
             self._flush()
         return sid
 
@@ -654,53 +664,93 @@ def _stalled_echo(srv, elements: int):
     return sock
 
 
-def test_answers_a_client_does_not_read_are_held_within_the_buffered_bytes(tmp_path):
-    """--http-max-buffered-bytes covers responses being written too: two clients that sent
-    15 MB each and read nothing hold their answers in it (the kernel takes a few MB of each;
-    the rest waits in the server); a request whose JSON answer (about 13 MB) does not fit
-    beside them is a 503 naming the flag, before a byte of it is sent; small requests still
-    run; once the clients go away, their bytes are free again."""
-    repo = tmp_path / "repository"
+@pytest.fixture(scope="module")
+def writing_server(tmp_path_factory):
+    """`slow_echo` over inputs of any length, with 40 MB for what the front-ends hold."""
+    repo = tmp_path_factory.mktemp("writing") / "repository"
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
     (repo / "slow_echo" / "1").mkdir(parents=True)
     shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
     (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
                                        "--http-max-buffered-bytes", "40000000"])
+    try:
+        yield srv
+    finally:
+        stop(proc, log)
+
+
+def _echo_as_json(srv, elements: int):
+    """slow_echo over HTTP (binary in, JSON out: about 9 bytes an element); the answer, or the
+    error raised."""
+    x = np.arange(elements, dtype=np.float32).reshape(-1, 1)
+    inp = httpclient.InferInput("X", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    out = httpclient.InferRequestedOutput("Y", binary_data=False)
     client = httpclient.InferenceServerClient(srv.url, network_timeout=60)
+    try:
+        return client.infer("slow_echo", [inp], outputs=[out]).as_numpy("Y")
+    except InferenceServerException as e:
+        return e
+    finally:
+        client.close()
 
-    def echo_as_json(elements: int):
-        x = np.arange(elements, dtype=np.float32).reshape(-1, 1)
-        inp = httpclient.InferInput("X", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=True)
-        out = httpclient.InferRequestedOutput("Y", binary_data=False)
-        try:
-            return client.infer("slow_echo", [inp], outputs=[out]).as_numpy("Y")
-        except InferenceServerException as e:
-            return e
 
+def _held_until_refused(srv) -> InferenceServerException:
+    """Asks for a 13 MB answer until the bytes held for unread answers leave no room for it."""
+    for _ in range(50):
+        answer = _echo_as_json(srv, 1_500_000)
+        if isinstance(answer, InferenceServerException):
+            return answer
+        assert answer.shape == (1_500_000, 1)
+    pytest.fail("the unread answers were not held in the budget")
+
+
+def test_answers_a_client_does_not_read_are_held_within_the_buffered_bytes(writing_server):
+    """--http-max-buffered-bytes covers responses being written too: two clients that sent
+    15 MB each and read nothing hold their answers in it (the kernel takes a few MB of each;
+    the rest waits in the server); a request whose JSON answer (about 13 MB) does not fit
+    beside them is a 503 naming the flag, before a byte of it is sent; small requests still
+    run; once the clients go away, their bytes are free again."""
+    srv = writing_server
+    wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
     stalled = []
     try:
         stalled = [_stalled_echo(srv, 3_750_000) for _ in range(2)]
-        refused = None
-        for _ in range(50):
-            answer = echo_as_json(1_500_000)
-            if isinstance(answer, InferenceServerException):
-                refused = answer
-                break
-            assert answer.shape == (1_500_000, 1)
-        assert refused is not None, "the unread answers were not held in the budget"
+        wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 30_000_000, timeout=20)
+        refused = _held_until_refused(srv)
         assert "--http-max-buffered-bytes" in refused.message(), refused
         assert "response" in refused.message(), refused
-        small = echo_as_json(4)
+        small = _echo_as_json(srv, 4)
         assert not isinstance(small, InferenceServerException), small
-        for sock in stalled:
-            sock.close()
-        stalled = []
-        wait_for(lambda: not isinstance(echo_as_json(1_500_000), InferenceServerException),
-                 timeout=20)
     finally:
         for sock in stalled:
             sock.close()
-        client.close()
-        stop(proc, log)
+    wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
+    assert not isinstance(_echo_as_json(srv, 1_500_000), InferenceServerException)
+
+
+def test_grpc_answers_a_client_grants_no_window_for_are_held_within_the_same_bytes(
+        writing_server):
+    """The same over gRPC: a client that gives the server no flow-control window leaves two
+    15 MB answers with it; they count against the bytes HTTP answers need (503 for a 13 MB
+    one), and are given back when the client's connection goes."""
+    srv = writing_server
+    x = np.arange(3_750_000, dtype=np.float32)
+    request = service_pb2.ModelInferRequest(model_name="slow_echo")
+    tensor = request.inputs.add(name="X", datatype="FP32", shape=[3_750_000, 1])
+    del tensor
+    request.raw_input_contents.append(x.tobytes())
+    message = request.SerializeToString()
+    wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
+    h2c = _H2Grpc(srv, reads=False)
+    try:
+        for _ in range(2):
+            h2c.start_message(len(message), len(message), message)
+        wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 30_000_000, timeout=20)
+        refused = _held_until_refused(srv)
+        assert "--http-max-buffered-bytes" in refused.message(), refused
+    finally:
+        h2c.close()
+    wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
+    assert not isinstance(_echo_as_json(srv, 1_500_000), InferenceServerException)
