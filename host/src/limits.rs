@@ -13,6 +13,7 @@
 //! | `--max-connections` / `TESSERA_MAX_CONNECTIONS` | connections | 4 096 | open connections per listener (HTTP, gRPC, metrics); past it the listener stops accepting until one closes. The soft file-descriptor limit is raised to the hard one at start so the bound, not the OS, decides. |
 //! | `--http-header-read-timeout-secs` / `TESSERA_HTTP_HEADER_READ_TIMEOUT_SECS` | s | 10 | an HTTP request's headers (and a gRPC connection's HTTP/2 preface) must arrive within this; an idle keep-alive connection is closed after it too. A slowloris costs a socket for this long. |
 //! | `--http-body-read-timeout-secs` / `TESSERA_HTTP_BODY_READ_TIMEOUT_SECS` | s | 120 | an HTTP request body must arrive in full within this (408 otherwise), however slowly it trickles; large deployments over slow links need more. |
+//! | `--http-send-timeout-secs` / `TESSERA_HTTP_SEND_TIMEOUT_SECS` | s | 60 | a connection (HTTP or gRPC) whose writes have made no progress for this long is closed: its client has stopped reading (nginx's `send_timeout`, same default). What it held (answers not yet taken) is given back. |
 //! | `--http-max-buffered-bytes` / `TESSERA_HTTP_MAX_BUFFERED_BYTES` | bytes | 2 GiB | what the front-ends hold for clients at once, all connections together: request bodies being read (HTTP/1 bodies, gRPC messages) and responses not yet taken by their connections (`protocol::listen::WrittenBody`). A body that does not fit (its `Content-Length`, or `--http-max-input-size` when it gives none) is answered 503 at once; a gRPC message that does not fit (the length its prefix declares) ends its call with UNAVAILABLE; an HTTP answer that does not fit is a 503 instead. Without it, 4 096 connections each trickling a 64 MiB body could hold 256 GiB; one gRPC connection holding all but the last byte of a 60 MB message on each of its 1 024 streams, 60 GB; clients that send large requests and read nothing, their answers (20 clients of 50 MB held 1.1 GB, for good). |
 //! | `--max-inflight-request-bytes` / `TESSERA_MAX_INFLIGHT_REQUEST_BYTES` | bytes | 4 GiB | the input tensors of the client requests admitted at once, all models and front-ends together, from admission until the answer; past it the request is refused at once (503, gRPC UNAVAILABLE). `--max-inflight-requests` counts requests, not their size: 4 096 queued requests of 64 MiB each are 256 GiB. |
 //! | `--epoch-tick-ms` / `TESSERA_EPOCH_TICK_MS` | ms | 5 | how often a running Wasm guest is interrupted to check its deadline and yield the thread: the granularity of `execute_deadline_ms`. Shorter costs more interrupts. |
@@ -68,6 +69,7 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
+    pub send_timeout: Duration,
     pub exit_timeout: Duration,
 }
 
@@ -109,6 +111,9 @@ pub struct ServerLimits {
         default_value_t = 120
     )]
     pub http_body_read_timeout_secs: u64,
+    /// Seconds a connection's writes may make no progress before it is closed.
+    #[arg(long, env = "TESSERA_HTTP_SEND_TIMEOUT_SECS", default_value_t = 60)]
+    pub http_send_timeout_secs: u64,
     /// Bytes the front-ends hold for clients at once: request bodies being read and responses
     /// not yet taken (503 beyond).
     #[arg(long, env = "TESSERA_HTTP_MAX_BUFFERED_BYTES", default_value_t = 2 << 30)]
@@ -156,6 +161,7 @@ impl Default for ServerLimits {
             max_connections: 4096,
             http_header_read_timeout_secs: 10,
             http_body_read_timeout_secs: 120,
+            http_send_timeout_secs: 60,
             http_max_buffered_bytes: 2 << 30,
             max_inflight_request_bytes: 4 << 30,
             epoch_tick_ms: 5,
@@ -180,6 +186,7 @@ impl ServerLimits {
             max_connections: self.max_connections.max(1),
             header_read_timeout: Duration::from_secs(self.http_header_read_timeout_secs.max(1)),
             body_read_timeout: Duration::from_secs(self.http_body_read_timeout_secs.max(1)),
+            send_timeout: Duration::from_secs(self.http_send_timeout_secs.max(1)),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
         }
     }
@@ -232,6 +239,7 @@ impl ServerLimits {
                 "http_body_read_timeout_secs\t{}",
                 self.http_body_read_timeout_secs
             ),
+            format!("http_send_timeout_secs\t{}", self.http_send_timeout_secs),
             format!("http_max_buffered_bytes\t{}", self.http_max_buffered_bytes),
             format!(
                 "max_inflight_request_bytes\t{}",

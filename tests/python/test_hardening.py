@@ -696,6 +696,14 @@ def _echo_as_json(srv, elements: int):
         client.close()
 
 
+def _wait_until_held(srv, executions: float) -> None:
+    """Waits until slow_echo has answered `executions` requests in all and two 15 MB answers
+    are held (before that, the bytes held may be the requests' own, being read)."""
+    wait_for(lambda: metric(srv, "nv_inference_exec_count", model="slow_echo") >= executions,
+             timeout=20)
+    wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 30_000_000, timeout=20)
+
+
 def _held_until_refused(srv) -> InferenceServerException:
     """Asks for a 13 MB answer until the bytes held for unread answers leave no room for it."""
     for _ in range(50):
@@ -716,8 +724,9 @@ def test_answers_a_client_does_not_read_are_held_within_the_buffered_bytes(writi
     wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
     stalled = []
     try:
+        executed = metric(srv, "nv_inference_exec_count", model="slow_echo")
         stalled = [_stalled_echo(srv, 3_750_000) for _ in range(2)]
-        wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 30_000_000, timeout=20)
+        _wait_until_held(srv, executed + 2)
         refused = _held_until_refused(srv)
         assert "--http-max-buffered-bytes" in refused.message(), refused
         assert "response" in refused.message(), refused
@@ -745,12 +754,44 @@ def test_grpc_answers_a_client_grants_no_window_for_are_held_within_the_same_byt
     wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
     h2c = _H2Grpc(srv, reads=False)
     try:
+        executed = metric(srv, "nv_inference_exec_count", model="slow_echo")
         for _ in range(2):
             h2c.start_message(len(message), len(message), message)
-        wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 30_000_000, timeout=20)
+        _wait_until_held(srv, executed + 2)
         refused = _held_until_refused(srv)
         assert "--http-max-buffered-bytes" in refused.message(), refused
     finally:
         h2c.close()
     wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
     assert not isinstance(_echo_as_json(srv, 1_500_000), InferenceServerException)
+
+
+def test_a_client_that_stops_reading_is_disconnected_after_the_send_timeout(tmp_path):
+    """--http-send-timeout-secs: a client that asked for a 15 MB answer and reads nothing is
+    disconnected once the server's writes have made no progress for that long, and the bytes
+    its answer held are given back, without the client doing anything."""
+    repo = tmp_path / "repository"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
+    (repo / "slow_echo" / "1").mkdir(parents=True)
+    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
+    (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo),
+                                       "--http-send-timeout-secs", "2"])
+    sock = None
+    try:
+        sock = _stalled_echo(srv, 3_750_000)
+        # Answered (the request's own bytes are given back once read), and the answer held.
+        wait_for(lambda: metric(srv, "nv_inference_exec_count", model="slow_echo") == 1,
+                 timeout=20)
+        wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 10_000_000, timeout=20)
+        wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
+        # The server closed the connection: what the kernel had taken ends, then nothing more.
+        sock.settimeout(10)
+        received = 0
+        while chunk := sock.recv(1 << 20):
+            received += len(chunk)
+        assert 0 < received < 15_000_000, received
+    finally:
+        if sock is not None:
+            sock.close()
+        stop(proc, log)

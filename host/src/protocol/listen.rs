@@ -11,6 +11,9 @@
 //! - **gRPC (HTTP/2) connections** must send the HTTP/2 preface and their first SETTINGS frame
 //!   within the header timeout ([`Bounded`]); after that, an idle HTTP/2 connection is
 //!   legitimate (clients keep channels open) and is bounded by the connection limit.
+//! - **A client that stops reading** is disconnected once the connection's writes have made no
+//!   progress for `--http-send-timeout-secs` ([`Sending`]); what its answers held in the budget
+//!   for buffered bytes ([`WrittenBody`]) is given back.
 //! - **At shutdown** readiness drops first, listeners stop accepting, every open connection is
 //!   asked to finish (HTTP/1: after its request in flight; HTTP/2: GOAWAY, streams in flight
 //!   finish), and whatever is still open after `--exit-timeout-secs` is closed.
@@ -91,13 +94,15 @@ pub async fn serve_http(
         let service = TowerToHyperService::new(app.clone());
         let closing = closing.clone();
         let header_read_timeout = limits.header_read_timeout;
+        let send_timeout = limits.send_timeout;
         connections.spawn(async move {
             let _permit = permit;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout);
-            let connection = builder.serve_connection(TokioIo::new(tcp), service);
+            let connection =
+                builder.serve_connection(TokioIo::new(Sending::new(tcp, send_timeout)), service);
             tokio::pin!(connection);
             tokio::select! {
                 served = connection.as_mut() => {
@@ -141,11 +146,12 @@ pub fn grpc_incoming(
 ) -> impl futures::Stream<Item = std::io::Result<Bounded>> + Send + 'static {
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let preface_timeout = limits.header_read_timeout;
+    let send_timeout = limits.send_timeout;
     futures::stream::unfold(
         (listener, permits, stop),
         move |(listener, permits, stop)| async move {
             let (tcp, permit) = accept(&listener, &permits, &stop).await?;
-            let connection = Bounded::new(tcp, permit, preface_timeout);
+            let connection = Bounded::new(Sending::new(tcp, send_timeout), permit, preface_timeout);
             Some((Ok(connection), (listener, permits, stop)))
         },
     )
@@ -160,7 +166,7 @@ const HTTP2_FRAME_HEADER_LEN: usize = 9;
 /// client has not started HTTP/2 within the deadline: the preface and the SETTINGS frame that
 /// must follow it (RFC 9113, 3.4), whole. The preface alone held a connection for good.
 pub struct Bounded {
-    tcp: TcpStream,
+    tcp: Sending<TcpStream>,
     _permit: OwnedSemaphorePermit,
     /// Until the client's first frame has arrived: the deadline and what was read of it.
     preface: Option<(Pin<Box<tokio::time::Sleep>>, Start)>,
@@ -203,7 +209,7 @@ impl Start {
 }
 
 impl Bounded {
-    fn new(tcp: TcpStream, permit: OwnedSemaphorePermit, timeout: Duration) -> Bounded {
+    fn new(tcp: Sending<TcpStream>, permit: OwnedSemaphorePermit, timeout: Duration) -> Bounded {
         Bounded {
             tcp,
             _permit: permit,
@@ -273,7 +279,104 @@ impl tonic::transport::server::Connected for Bounded {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp.connect_info()
+        self.tcp.io.connect_info()
+    }
+}
+
+/// A connection whose writes fail once they have made no progress for `timeout`: the client
+/// stopped reading (or its network is gone), and the connection, the answers it holds and
+/// their place in the budget go with it. Progress, not completion, is what counts: a slow
+/// reader that keeps taking bytes is served.
+pub struct Sending<T> {
+    io: T,
+    timeout: Duration,
+    /// Since when writes have been waiting, as the deadline they must move by.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> Sending<T> {
+    pub fn new(io: T, timeout: Duration) -> Sending<T> {
+        Sending {
+            io,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// Passes on a write's outcome; a write still waiting past the deadline fails instead.
+    fn checked<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        outcome: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        match outcome {
+            Poll::Pending => {
+                let timeout = self.timeout;
+                let stalled = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if stalled.as_mut().poll(cx).is_ready() {
+                    tracing::debug!(
+                        "closing a connection whose client read nothing for {timeout:?}"
+                    );
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the client took nothing for {} s (--http-send-timeout-secs)",
+                            timeout.as_secs()
+                        ),
+                    )));
+                }
+                Poll::Pending
+            }
+            Poll::Ready(result) => {
+                self.stalled = None;
+                Poll::Ready(result)
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Sending<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Sending<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let outcome = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.checked(cx, outcome)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let outcome = Pin::new(&mut self.io).poll_flush(cx);
+        self.checked(cx, outcome)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let outcome = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.checked(cx, outcome)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 }
 
