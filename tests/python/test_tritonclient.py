@@ -176,6 +176,46 @@ def test_infer_add_sub(client, binary_data, batch):
             assert "data" in out
 
 
+@pytest.mark.parametrize("binary_data", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("request_compression, response_compression", [
+    ("gzip", None), ("deflate", None), (None, "gzip"), (None, "deflate"), ("gzip", "gzip")])
+def test_compressed_requests_and_answers(server, client, binary_data, request_compression,
+                                         response_compression):
+    """tritonclient's request_compression_algorithm and response_compression_algorithm, as
+    Triton's HTTP front-end takes them (the body was read compressed, and failed, before)."""
+    rng = np.random.default_rng(5)
+    a = exact_fp32(rng, (2, 16))
+    b = exact_fp32(rng, (2, 16))
+    r = client.infer("add_sub", add_sub_inputs(a, b, binary_data),
+                     request_compression_algorithm=request_compression,
+                     response_compression_algorithm=response_compression)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+    if response_compression:
+        body = json.dumps({"inputs": [
+            {"name": n, "shape": [2, 16], "datatype": "FP32", "data": v.ravel().tolist()}
+            for n, v in (("INPUT0", a), ("INPUT1", b))]}).encode()
+        status, headers, _ = server.request(
+            "POST", "/v2/models/add_sub/infer", body,
+            {"Content-Type": "application/json", "Accept-Encoding": response_compression})
+        assert status == 200 and headers.get("content-encoding") == response_compression
+
+
+def test_a_compressed_body_is_bounded_once_decompressed(server):
+    """A gzip body of 100 KB that decompresses to 100 MB is read only as far as
+    --http-max-input-size (64 MiB here): 413, and the server goes on."""
+    import gzip
+
+    bomb = gzip.compress(b"\0" * 100_000_000, compresslevel=9)
+    assert len(bomb) < 200_000
+    status, _, body = server.request("POST", "/v2/models/add_sub/infer", bomb,
+                                     {"Content-Type": "application/json",
+                                      "Content-Encoding": "gzip"})
+    assert status == 413, (status, body[:200])
+    assert b"--http-max-input-size" in body
+    assert server.request("GET", "/v2/health/ready")[0] == 200
+
+
 def test_infer_add_sub_default_outputs(client):
     """No `outputs` in the request: every output comes back."""
     a = np.ones((2, 16), np.float32)

@@ -58,22 +58,34 @@ pub fn router(
         verbose_errors,
         reading,
     };
+    let held = || axum::middleware::from_fn_with_state(state.clone(), hold_response);
+    // Compression as Triton's HTTP front-end does it, on the inference APIs: request bodies
+    // sent with `Content-Encoding: gzip|deflate` are read decompressed (within
+    // --http-max-input-size), and answers are compressed when the client's `Accept-Encoding`
+    // asks (not event streams). The compressor wraps `hold_response`, so that an answer waiting
+    // for it, and for the client, stays in the budget: it takes the answer a slice at a time.
+    // Functions' bodies are their own business and pass as they are.
+    let inference = kserve_routes()
+        .merge(openai_routes())
+        .layer(held())
+        .layer(
+            tower_http::decompression::RequestDecompressionLayer::new()
+                .gzip(true)
+                .deflate(true),
+        )
+        .layer(
+            tower_http::compression::CompressionLayer::new()
+                .gzip(true)
+                .deflate(true),
+        );
     // Who may call what is read here, not from where layers sit between routes: every route
     // but health needs a key once tenancy is on.
-    let needs_key = kserve_routes()
-        .merge(function_routes())
-        .merge(openai_routes())
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            authenticate,
-        ));
+    let needs_key = inference.merge(function_routes().layer(held())).layer(
+        axum::middleware::from_fn_with_state(state.clone(), authenticate),
+    );
     needs_key
-        .merge(health_routes())
+        .merge(health_routes().layer(held()))
         .layer(axum::middleware::from_fn(close_when_body_unread))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            hold_response,
-        ))
         .with_state(state)
 }
 
