@@ -216,7 +216,38 @@ def test_sampling_is_seeded_and_validated(server, tokenizer):
         log_probs = result.as_numpy("output_log_probs")[0][0]
         assert len(log_probs) == 5 and all(lp <= 0 for lp in log_probs)
         assert abs(result.as_numpy("cum_log_probs")[0][0] - log_probs.sum()) < 1e-3
+        # Tessera's top_log_probs: the k most likely at each place, most likely first; greedy,
+        # so the chosen token is the first of them.
+        result = client.infer(MODEL, request(ids, 5, exclude_input_in_output=np.array([[True]]),
+                                             top_log_probs=np.array([[3]], dtype=np.int32)))
+        top_ids = result.as_numpy("output_top_log_prob_ids")[0][0]
+        top = result.as_numpy("output_top_log_probs")[0][0]
+        assert top_ids.shape == top.shape == (5, 3)
+        assert top_ids[:, 0].tolist() == result.as_numpy("output_ids")[0][0].tolist()
+        assert np.allclose(top[:, 0], result.as_numpy("output_log_probs")[0][0], atol=1e-6)
+        assert (np.diff(top, axis=1) <= 0).all()
     finally:
+        client.close()
+    # Streamed, each response's cum_log_probs is the sum over the sequence so far, as
+    # TensorRT-LLM's is.
+    client = grpc_client(server)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer(MODEL, request(ids, 8, streaming=np.array([[True]]),
+                                                 return_log_probs=np.array([[True]])))
+        total, responses = 0.0, 0
+        while True:
+            result, error = answers.get(timeout=120)
+            assert error is None, error
+            total += float(result.as_numpy("output_log_probs")[0][0].sum())
+            assert abs(result.as_numpy("cum_log_probs")[0][0] - total) < 1e-3
+            responses += 1
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        assert responses >= 8
+    finally:
+        client.stop_stream()
         client.close()
 
 

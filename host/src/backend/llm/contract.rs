@@ -290,12 +290,19 @@ fn int32(name: &str, shape: Vec<i64>, values: &[i32]) -> Tensor {
     Tensor::new(name, DataType::Int32, shape, TensorData::Raw(bytes.into()))
 }
 
-/// A response holding `tokens` (and their log-probabilities when asked for: `top` most likely
-/// tokens at each place beside the chosen one); `finish` on the last one of a request.
+/// The log-probabilities a response carries: those of its tokens, the sum over the whole
+/// sequence so far (TensorRT-LLM's `cum_log_probs`), and how many alternatives each has.
+pub struct LogProbs<'a> {
+    pub tokens: &'a [TokenLogProb],
+    pub cumulative: f32,
+    pub top: u32,
+}
+
+/// A response holding `tokens` (and their log-probabilities when asked for); `finish` on the
+/// last one of a request.
 pub fn response(
     tokens: &[i32],
-    log_probs: Option<&[TokenLogProb]>,
-    top: u32,
+    log_probs: Option<LogProbs<'_>>,
     finish: Option<Finish>,
 ) -> InferResponse {
     let n = tokens.len() as i64;
@@ -304,19 +311,23 @@ pub fn response(
         int32("sequence_length", vec![1, 1], &[tokens.len() as i32]),
     ];
     if let Some(log_probs) = log_probs {
-        let chosen: Vec<f32> = log_probs.iter().map(|l| l.chosen).collect();
+        let chosen: Vec<f32> = log_probs.tokens.iter().map(|l| l.chosen).collect();
         outputs.push(Tensor::from_f32(
             "output_log_probs",
             vec![1, 1, chosen.len() as i64],
             &chosen,
         ));
-        let sum: f32 = chosen.iter().sum();
-        outputs.push(Tensor::from_f32("cum_log_probs", vec![1, 1], &[sum]));
+        outputs.push(Tensor::from_f32(
+            "cum_log_probs",
+            vec![1, 1],
+            &[log_probs.cumulative],
+        ));
+        let top = log_probs.top;
         if top > 0 {
             // [1, 1, tokens, top]; a vocabulary smaller than `top` pads with id -1.
             let shape = vec![1, 1, chosen.len() as i64, i64::from(top)];
             let (mut ids, mut values) = (Vec::new(), Vec::new());
-            for l in log_probs {
+            for l in log_probs.tokens {
                 for k in 0..top as usize {
                     let (id, value) = l.top.get(k).copied().unwrap_or((-1, f32::NEG_INFINITY));
                     ids.push(id);

@@ -196,11 +196,23 @@ struct Active {
     log_probs: Option<Vec<TokenLogProb>>,
     /// Alternatives given with each log-probability.
     top_log_probs: u32,
+    /// The sum of the log-probabilities of every token generated so far.
+    cum_log_prob: f32,
     /// Responses the reader has no room for yet, with whether each is the last.
     backlog: VecDeque<(InferResponse, bool)>,
 }
 
 impl Active {
+    /// A response with the tokens gathered since the last one.
+    fn response(&self, finish: Option<Finish>) -> InferResponse {
+        let log_probs = self.log_probs.as_deref().map(|tokens| contract::LogProbs {
+            tokens,
+            cumulative: self.cum_log_prob,
+            top: self.top_log_probs,
+        });
+        contract::response(&self.tokens, log_probs, finish)
+    }
+
     /// Hands the reader what it has room for. False once the caller has gone.
     fn flush(&mut self) -> bool {
         while let Some((response, last)) = self.backlog.pop_front() {
@@ -306,6 +318,7 @@ impl LlmInstance {
                 tokens,
                 log_probs: parsed.generation.log_probs.then(Vec::new),
                 top_log_probs: parsed.generation.top_log_probs,
+                cum_log_prob: 0.0,
                 backlog: VecDeque::new(),
             },
         );
@@ -429,46 +442,27 @@ impl LlmInstance {
                 self.meter.charge(tenant, 1);
             }
         }
-        if active.streaming {
-            // `tokens` holds what was held back for an unfinished character.
-            if let Some(token) = token {
-                active.tokens.push(token);
-                if let (Some(all), Some(lp)) = (active.log_probs.as_mut(), log_prob) {
-                    all.push(lp);
-                }
+        if let Some(token) = token {
+            // A stream's `tokens` also holds what was held back for an unfinished character.
+            active.tokens.push(token);
+            if let (Some(all), Some(lp)) = (active.log_probs.as_mut(), log_prob) {
+                active.cum_log_prob += lp.chosen;
+                all.push(lp);
             }
+        }
+        if active.streaming {
             if partial_character && finish.is_none() {
                 return;
             }
-            let response = contract::response(
-                &active.tokens,
-                active.log_probs.as_deref(),
-                active.top_log_probs,
-                finish,
-            );
+            let response = active.response(finish);
             active.tokens.clear();
             if let Some(all) = active.log_probs.as_mut() {
                 all.clear();
             }
             active.backlog.push_back((response, finish.is_some()));
-        } else {
-            if let Some(token) = token {
-                active.tokens.push(token);
-                if let (Some(all), Some(lp)) = (active.log_probs.as_mut(), log_prob) {
-                    all.push(lp);
-                }
-            }
-            if finish.is_some() {
-                active.backlog.push_back((
-                    contract::response(
-                        &active.tokens,
-                        active.log_probs.as_deref(),
-                        active.top_log_probs,
-                        finish,
-                    ),
-                    true,
-                ));
-            }
+        } else if finish.is_some() {
+            let response = active.response(finish);
+            active.backlog.push_back((response, true));
         }
         let alive = active.flush();
         if let Some(finish) = finish {
