@@ -446,15 +446,20 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 """
 
 
+def _slow_echo_any_length(repo: Path) -> None:
+    """Puts the slow_echo fixture into `repo` with SLOW_ECHO_ANY_LENGTH's configuration."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
+    (repo / "slow_echo" / "1").mkdir(parents=True)
+    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
+    (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
+
+
 @pytest.fixture(scope="module")
 def budget_server(tmp_path_factory):
     """`slow_echo` over inputs of any length, on a server with small memory budgets: 1 MB of
     inputs in flight, 8 MB of request bodies being read, 8 s to read one."""
     repo = tmp_path_factory.mktemp("budgets") / "repository"
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
-    (repo / "slow_echo" / "1").mkdir(parents=True)
-    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
-    (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
+    _slow_echo_any_length(repo)
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
                                        "--max-inflight-request-bytes", "1000000",
                                        "--http-max-buffered-bytes", "8000000",
@@ -684,10 +689,7 @@ def _stalled_echo(srv, elements: int):
 def writing_server(tmp_path_factory):
     """`slow_echo` over inputs of any length, with 40 MB for what the front-ends hold."""
     repo = tmp_path_factory.mktemp("writing") / "repository"
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
-    (repo / "slow_echo" / "1").mkdir(parents=True)
-    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
-    (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
+    _slow_echo_any_length(repo)
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
                                        "--http-max-buffered-bytes", "40000000"])
     try:
@@ -787,10 +789,7 @@ def test_a_client_that_stops_reading_is_disconnected_after_the_send_timeout(tmp_
     disconnected once the server's writes have made no progress for that long, and the bytes
     its answer held are given back, without the client doing anything."""
     repo = tmp_path / "repository"
-    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository" / "slow_echo"
-    (repo / "slow_echo" / "1").mkdir(parents=True)
-    shutil.copy(fixture / "1" / "model.wasm", repo / "slow_echo" / "1" / "model.wasm")
-    (repo / "slow_echo" / "config.pbtxt").write_text(SLOW_ECHO_ANY_LENGTH)
+    _slow_echo_any_length(repo)
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
                                        "--http-send-timeout-secs", "2"])
     sock = None
