@@ -569,9 +569,10 @@ class _H2Grpc:
     def _flush(self):
         self.sock.sendall(self.conn.data_to_send())
 
-    def start_message(self, declared: int, sent: int, message: bytes | None = None) -> int:
+    def start_message(self, declared: int, sent: int, message: bytes | None = None,
+                      end: bool = True) -> int:
         """Opens a ModelInfer call whose message declares `declared` bytes and sends `sent`
-        (of `message`, else filler); a whole message ends the call's request."""
+        (of `message`, else filler); a whole message ends the call's request if `end`."""
         import struct
 
         sid = self.conn.get_next_available_stream_id()
@@ -590,7 +591,7 @@ class _H2Grpc:
             self.conn.send_data(sid, bytes(data[:room]))
             data = data[room:]
             self._flush()
-        if message is not None and sent == len(message):
+        if message is not None and sent == len(message) and end:
             self.conn.end_stream(sid)
             self._flush()
         return sid
@@ -631,7 +632,8 @@ def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_serv
     """--http-max-buffered-bytes covers gRPC messages being read: two calls that stop 2 MB into
     3 MB messages hold 6 MB of the 8 MB budget; a third is refused with UNAVAILABLE naming the
     flag, and so is an HTTP body that does not fit in what is left (503), while small requests
-    run. After --http-body-read-timeout-secs the stalled calls end with DEADLINE_EXCEEDED and
+    run. A unary call whose whole message came but whose request never ended is held the same
+    way. After --http-body-read-timeout-secs the stalled calls end with DEADLINE_EXCEEDED and
     their bytes are free again."""
     import time
 
@@ -640,6 +642,13 @@ def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_serv
     try:
         started = time.monotonic()
         stalled = [h2c.start_message(3_000_000, 2_000_000) for _ in range(2)]
+        # A whole unary message whose request never ends: tonic keeps it while it waits for
+        # the end, so it stays held, under the same deadline.
+        request = service_pb2.ModelInferRequest(model_name="slow_echo")
+        request.inputs.add(name="X", datatype="FP32", shape=[1, 1])
+        request.raw_input_contents.append(np.zeros(1, dtype=np.float32).tobytes())
+        message = request.SerializeToString()
+        stalled.append(h2c.start_message(len(message), len(message), message, end=False))
         third = h2c.start_message(3_000_000, 10)
         answer = h2c.status(third, timeout=10)
         assert answer.get("grpc-status") == "14", answer

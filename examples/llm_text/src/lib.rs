@@ -115,6 +115,11 @@ impl Text {
         {
             return vec![byte];
         }
+        // A SentencePiece piece writes its leading space as U+2581, which decoding one token
+        // alone would strip.
+        if token.contains('\u{2581}') {
+            return token.replace('\u{2581}', " ").into_bytes();
+        }
         self.decode(&[id])
             .map(String::into_bytes)
             .unwrap_or_default()

@@ -751,13 +751,16 @@ where
             return Box::pin(async move { Ok(status.into_http()) });
         }
         let bounds = &self.bounds;
+        // Only ModelStreamInfer takes a stream of messages; every other call takes one.
+        let unary = !request.uri().path().ends_with("/ModelStreamInfer");
         let request = request.map(|body| {
-            tonic::body::Body::new(MessageBudget::new(
+            let budget = MessageBudget::new(
                 body,
                 bounds.reading.clone(),
                 bounds.max_message,
                 bounds.message_timeout,
-            ))
+            );
+            tonic::body::Body::new(if unary { budget.unary() } else { budget })
         });
         let answer = self.inner.call(request);
         let writing = bounds.reading.clone();
@@ -805,6 +808,10 @@ pub struct MessageBudget<B> {
         tokio::sync::OwnedSemaphorePermit,
         Pin<Box<tokio::time::Sleep>>,
     )>,
+    /// A unary call: its one message stays held, under the same deadline, until the request
+    /// ends (tonic keeps the decoded message while it waits for the end of the stream, so a
+    /// client that never ended it held the message for good).
+    unary: bool,
 }
 
 impl<B> MessageBudget<B> {
@@ -818,7 +825,14 @@ impl<B> MessageBudget<B> {
             prefix_seen: 0,
             remaining: 0,
             held: None,
+            unary: false,
         }
+    }
+
+    /// For a unary call's body: see [`MessageBudget::unary`]'s field.
+    pub fn unary(mut self) -> Self {
+        self.unary = true;
+        self
     }
 
     /// Follows the framing through `data`, reserving each message's length as its prefix
@@ -831,7 +845,7 @@ impl<B> MessageBudget<B> {
                     .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
                 data = &data[taken..];
                 self.remaining -= taken as u64;
-                if self.remaining == 0 {
+                if self.remaining == 0 && !self.unary {
                     self.held = None;
                 }
                 continue;
@@ -880,16 +894,24 @@ where
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref()
-                    && let Err(status) = this.read(data)
-                {
-                    // Boxed as itself, so tonic finds the status (a boxed box it would not).
-                    return Poll::Ready(Some(Err(Box::new(status))));
+                match frame.data_ref() {
+                    Some(data) => {
+                        if let Err(status) = this.read(data) {
+                            // Boxed as itself, so tonic finds the status (a boxed box it would
+                            // not).
+                            return Poll::Ready(Some(Err(Box::new(status))));
+                        }
+                    }
+                    // Trailers end the request.
+                    None => this.held = None,
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                this.held = None;
+                Poll::Ready(None)
+            }
             Poll::Pending => {
                 // Checked only while waiting for the client: a message the server has not
                 // asked to read yet (a stream's requests wait their turn) is not late.
@@ -1023,6 +1045,13 @@ mod bounds_tests {
         third.read(&prefix(0)).expect("empty");
         drop(body);
         assert_eq!(budget.held_bytes(), 0);
+        // A unary call's message stays held after its last byte, until the request ends.
+        let mut unary =
+            MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60)).unary();
+        let mut whole = prefix(2048);
+        whole.extend([7; 2048]);
+        unary.read(&whole).expect("fits");
+        assert_eq!(budget.held_bytes(), 2048);
     }
 
     #[test]

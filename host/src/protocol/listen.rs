@@ -471,7 +471,8 @@ pub struct ResponseOverBudget(pub usize);
 
 /// A response body whose large data frames are held in the front-ends' budget for buffered
 /// bytes (`--http-max-buffered-bytes`, shared with request bodies) from when the body gives them
-/// until the connection has taken their last slice. A client that stops reading leaves its
+/// until the connection has written and dropped their last slice (each slice shares the frame's
+/// memory and keeps its place in the budget). A client that stops reading leaves its
 /// connection holding the response: without this, 20 HTTP clients that sent 50 MB each and read
 /// nothing held 1.1 GB, for good, and the server had no bound on how many could.
 ///
@@ -485,8 +486,20 @@ pub struct WrittenBody<B> {
     budget: ByteBudget,
     /// A reservation made for the first large frame before the body started.
     prepaid: Option<OwnedSemaphorePermit>,
-    /// The frame being handed over, and its place in the budget.
-    current: Option<(Bytes, OwnedSemaphorePermit)>,
+    /// The frame being handed over, and its place in the budget, shared with its slices.
+    current: Option<(Bytes, Arc<OwnedSemaphorePermit>)>,
+}
+
+/// One slice of a held frame: the frame's place in the budget goes with its last slice.
+struct HeldSlice {
+    data: Bytes,
+    _held: Arc<OwnedSemaphorePermit>,
+}
+
+impl AsRef<[u8]> for HeldSlice {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 impl<B> WrittenBody<B> {
@@ -532,12 +545,15 @@ where
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         loop {
-            if let Some((data, _)) = &mut this.current {
-                let slice = data.split_to(data.len().min(RESPONSE_SLICE_BYTES));
+            if let Some((data, held)) = &mut this.current {
+                let slice = HeldSlice {
+                    data: data.split_to(data.len().min(RESPONSE_SLICE_BYTES)),
+                    _held: held.clone(),
+                };
                 if data.is_empty() {
                     this.current = None;
                 }
-                return Poll::Ready(Some(Ok(http_body::Frame::data(slice))));
+                return Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_owner(slice)))));
             }
             let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => frame,
@@ -560,7 +576,7 @@ where
                     }
                 },
             };
-            this.current = Some((data, permit));
+            this.current = Some((data, Arc::new(permit)));
         }
     }
 
@@ -593,22 +609,24 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_large_frame_is_held_until_the_connection_takes_its_last_slice() {
+    async fn a_large_frame_is_held_until_its_last_slice_is_written() {
         let budget = ByteBudget::new(1 << 20);
         let mut held = WrittenBody::new(body(200 * 1024), budget.clone());
         assert_eq!(http_body::Body::size_hint(&held).exact(), Some(200 * 1024));
-        let mut sizes = Vec::new();
+        let mut slices = Vec::new();
         while let Some(frame) = held.frame().await {
-            let data = frame.expect("fits").into_data().expect("data");
-            sizes.push(data.len());
-            let expected = if sizes.iter().sum::<usize>() == 200 * 1024 {
-                0
-            } else {
-                200 * 1024
-            };
-            assert_eq!(budget.held_bytes(), expected, "after {sizes:?}");
+            slices.push(frame.expect("fits").into_data().expect("data"));
+            assert_eq!(budget.held_bytes(), 200 * 1024);
         }
+        let sizes: Vec<usize> = slices.iter().map(Bytes::len).collect();
         assert_eq!(sizes, [65536, 65536, 65536, 8192]);
+        // Handed over whole, but not written yet: the slices still hold the frame's memory.
+        drop(held);
+        assert_eq!(budget.held_bytes(), 200 * 1024);
+        slices.truncate(1);
+        assert_eq!(budget.held_bytes(), 200 * 1024);
+        drop(slices);
+        assert_eq!(budget.held_bytes(), 0);
         // Small frames pass as they are, outside the budget.
         let mut small = WrittenBody::new(body(1000), budget.clone());
         let data = small.frame().await.expect("a frame").expect("fits");

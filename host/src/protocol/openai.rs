@@ -380,6 +380,12 @@ pub fn prepare(
         }
         inputs.push(scalar_tensor("return_logprobs", DataType::Bool, vec![1]));
         if top > 0 {
+            if !has_input("top_logprobs") {
+                return Err(invalid(format!(
+                    "model '{}' does not return the most likely tokens (it has no input 'top_logprobs')",
+                    body.model
+                )));
+            }
             inputs.push(scalar_tensor(
                 "top_logprobs",
                 DataType::Int32,
@@ -459,7 +465,7 @@ fn wants_logprobs(
                 ));
             }
             match logprobs {
-                None | Some(Value::Null) => Ok(None),
+                None | Some(Value::Null | Value::Bool(false)) => Ok(None),
                 Some(value) => value
                     .as_i64()
                     .filter(|n| (0..=5).contains(n))
@@ -515,6 +521,16 @@ impl TokenLogprob {
     /// do; `bytes` has it whole.
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+
+    /// The log-probability as JSON can carry it: an impossible token (-inf, which JSON has
+    /// no number for) as OpenAI writes it, -9999.
+    fn value(&self) -> f32 {
+        if self.logprob.is_finite() {
+            self.logprob
+        } else {
+            -9999.0
+        }
     }
 }
 
@@ -595,11 +611,11 @@ fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut usize
                 .iter()
                 .map(|t| json!({
                     "token": t.text(),
-                    "logprob": t.logprob,
+                    "logprob": t.value(),
                     "bytes": t.bytes,
                     "top_logprobs": t.top.iter().map(|a| json!({
                         "token": a.text(),
-                        "logprob": a.logprob,
+                        "logprob": a.value(),
                         "bytes": a.bytes,
                     })).collect::<Vec<_>>(),
                 }))
@@ -614,15 +630,16 @@ fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut usize
             }
             json!({
                 "tokens": tokens.iter().map(TokenLogprob::text).collect::<Vec<_>>(),
-                "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-                // One map per token, as OpenAI's: alternatives whose text is the same (parts of
-                // different characters) keep the likelier.
+                "token_logprobs": tokens.iter().map(TokenLogprob::value).collect::<Vec<_>>(),
+                // One map per token, as OpenAI's: the chosen token always, beside the n most
+                // likely (so up to n + 1); tokens whose text is the same (parts of different
+                // characters) keep the first.
                 "top_logprobs": tokens
                     .iter()
                     .map(|t| {
                         let mut top = serde_json::Map::new();
-                        for a in &t.top {
-                            top.entry(a.text()).or_insert_with(|| json!(a.logprob));
+                        for a in std::iter::once(t).chain(&t.top) {
+                            top.entry(a.text()).or_insert_with(|| json!(a.value()));
                         }
                         Value::Object(top)
                     })
