@@ -24,7 +24,7 @@ PERF_ANALYZER names the binary, default `perf_analyzer` on PATH), whose C++ clie
 CPU per request. The "busy" column is the share of all cores busy during the level: near 100 %
 means the machine (clients and server together) was the limit, not the GPU.
 """
-import argparse, http.client, json, multiprocessing, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
+import argparse, http.client, json, multiprocessing, os, shutil, signal, statistics, subprocess, sys, tempfile, time
 
 import numpy as np
 
