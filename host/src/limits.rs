@@ -15,7 +15,7 @@
 //! | `--http-body-read-timeout-secs` / `TESSERA_HTTP_BODY_READ_TIMEOUT_SECS` | s | 120 | an HTTP request body must arrive in full within this (408 otherwise), however slowly it trickles; large deployments over slow links need more. |
 //! | `--http-send-timeout-secs` / `TESSERA_HTTP_SEND_TIMEOUT_SECS` | s | 60 | a connection (HTTP or gRPC) whose writes have made no progress for this long is closed: its client has stopped reading (nginx's `send_timeout`, same default). What it held (answers not yet taken) is given back. |
 //! | `--http-max-buffered-bytes` / `TESSERA_HTTP_MAX_BUFFERED_BYTES` | bytes | 2 GiB | what the front-ends hold for clients at once, all connections together: request bodies being read (HTTP/1 bodies, gRPC messages) and responses not yet taken by their connections (`protocol::listen::WrittenBody`). A body that does not fit (its `Content-Length`, or `--http-max-input-size` when it gives none) is answered 503 at once; a gRPC message that does not fit (the length its prefix declares) ends its call with UNAVAILABLE; an HTTP answer that does not fit is a 503 instead. Without it, 4 096 connections each trickling a 64 MiB body could hold 256 GiB; one gRPC connection holding all but the last byte of a 60 MB message on each of its 1 024 streams, 60 GB; clients that send large requests and read nothing, their answers (20 clients of 50 MB held 1.1 GB, for good). |
-//! | `--max-inflight-request-bytes` / `TESSERA_MAX_INFLIGHT_REQUEST_BYTES` | bytes | 4 GiB | the input tensors of the client requests admitted at once, all models and front-ends together, from admission until the answer; past it the request is refused at once (503, gRPC UNAVAILABLE). `--max-inflight-requests` counts requests, not their size: 4 096 queued requests of 64 MiB each are 256 GiB. |
+//! | `--max-inflight-request-bytes` / `TESSERA_MAX_INFLIGHT_REQUEST_BYTES` | bytes | 4 GiB | what the client requests admitted at once hold (each one's input tensors, or the body or message it came in when larger), all models and front-ends together, from admission until the answer; past it the request is refused at once (503, gRPC UNAVAILABLE). `--max-inflight-requests` counts requests, not their size: 4 096 queued requests of 64 MiB each are 256 GiB. |
 //! | `--epoch-tick-ms` / `TESSERA_EPOCH_TICK_MS` | ms | 5 | how often a running Wasm guest is interrupted to check its deadline and yield the thread: the granularity of `execute_deadline_ms`. Shorter costs more interrupts. |
 //! | `--wasm-pool-instances` / `TESSERA_WASM_POOL_INSTANCES` | instances | 1 000 | Wasm instances alive at once, all models together (the pooling allocator's slots; each handler instance takes one). |
 //! | `--wasm-function-cache-bytes` / `TESSERA_WASM_FUNCTION_CACHE_BYTES` | bytes | 256 MiB | compiled functions kept in memory (Cranelift's incremental cache): a component whose functions were compiled before, in any component, compiles from them. Every Python handler carries the same CPython, so the second one compiles about 3× faster (7.8 s, then 2.4-3.0 s in a release build on 2 cores); one such component fills about 41 MB. 0 turns it off. |
@@ -118,7 +118,8 @@ pub struct ServerLimits {
     /// not yet taken (503 beyond).
     #[arg(long, env = "TESSERA_HTTP_MAX_BUFFERED_BYTES", default_value_t = 2 << 30)]
     pub http_max_buffered_bytes: u64,
-    /// Bytes of input tensors of client requests in flight, all models together (503 beyond).
+    /// Bytes the client requests in flight hold (tensors or bodies), all models together (503
+    /// beyond).
     #[arg(
         long,
         env = "TESSERA_MAX_INFLIGHT_REQUEST_BYTES",

@@ -692,7 +692,11 @@ impl Server {
                     self.options.limits.max_inflight_requests
                 ))
             })?;
-            let bytes: usize = request.inputs.iter().map(|t| t.byte_size()).sum();
+            // What the request holds: its input tensors, or the body or message they came in
+            // when that is larger (it stays in memory with them; a JSON body padded with spaces
+            // around a small tensor is all body).
+            let tensors: usize = request.inputs.iter().map(|t| t.byte_size()).sum();
+            let bytes = tensors.max(cx.received_bytes);
             let limit = self.options.limits.max_inflight_request_bytes;
             let held = self.inflight_bytes.try_reserve(bytes as u64).ok_or_else(|| {
                 if bytes as u64 > limit {

@@ -456,12 +456,12 @@ def _slow_echo_any_length(repo: Path) -> None:
 
 @pytest.fixture(scope="module")
 def budget_server(tmp_path_factory):
-    """`slow_echo` over inputs of any length, on a server with small memory budgets: 1 MB of
-    inputs in flight, 8 MB of request bodies being read, 8 s to read one."""
+    """`slow_echo` over inputs of any length, on a server with small memory budgets: 2 MB of
+    requests in flight, 8 MB of request bodies being read, 8 s to read one."""
     repo = tmp_path_factory.mktemp("budgets") / "repository"
     _slow_echo_any_length(repo)
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
-                                       "--max-inflight-request-bytes", "1000000",
+                                       "--max-inflight-request-bytes", "2000000",
                                        "--http-max-buffered-bytes", "8000000",
                                        "--http-body-read-timeout-secs", "8"])
     try:
@@ -494,10 +494,11 @@ def _echo_grpc(srv, elements: int):
 
 
 def test_requests_in_flight_are_bounded_by_their_input_bytes(budget_server):
-    """--max-inflight-request-bytes: while a 600 KB request waits in the model, another
-    600 KB one is refused at once over HTTP (503) and gRPC (UNAVAILABLE), naming the flag; a
-    small one still runs, and once the first is answered the same large one runs. A request
-    larger than the whole budget is refused as such."""
+    """--max-inflight-request-bytes (2 MB here): while a request with a 1.4 MB JSON body waits
+    in the model, another like it is refused at once over HTTP (503), an 800 KB one over gRPC
+    (UNAVAILABLE), and so is a tiny tensor in a body padded to 700 KB (the body is held while
+    its request runs), each naming the flag; a small request still runs, and once the first is
+    answered the same one runs. A request larger than the whole budget is refused as such."""
     import threading
 
     srv = budget_server
@@ -507,17 +508,22 @@ def test_requests_in_flight_are_bounded_by_their_input_bytes(budget_server):
         answer=_echo_http(srv, 150_000, delay_ms=4000)))
     first.start()
     try:
-        wait_for(lambda: metric(srv, "tessera_inflight_request_bytes") >= 600_000)
+        wait_for(lambda: metric(srv, "tessera_inflight_request_bytes") >= 1_300_000)
         assert metric(srv, "tessera_inflight_requests") == 1
         status, body = _echo_http(srv, 150_000)
         assert status == 503, body
         assert "--max-inflight-request-bytes" in body["error"], body
-        error = _echo_grpc(srv, 150_000)
+        error = _echo_grpc(srv, 200_000)
         assert isinstance(error, InferenceServerException), "gRPC request ran past the budget"
         assert error.status() == "StatusCode.UNAVAILABLE", error
         assert "--max-inflight-request-bytes" in error.message(), error
         small = _echo_grpc(srv, 4)
         assert not isinstance(small, InferenceServerException), small
+        padded = json.dumps({"inputs": [{"name": "X", "shape": [1, 1], "datatype": "FP32",
+                                          "data": [1.0]}]}).encode() + b" " * 700_000
+        status, _, body = srv.request("POST", "/v2/models/slow_echo/infer", padded,
+                                      {"Content-Type": "application/json"})
+        assert status == 503 and b"--max-inflight-request-bytes" in body, (status, body[:200])
         assert first.is_alive(), "the first request ended before the budget was checked"
     finally:
         first.join(timeout=30)

@@ -211,6 +211,10 @@ pub struct CallContext {
     /// tenants). It stays the same through every call the request makes: quotas, fair queueing
     /// and metering follow it. Names resolve in the namespace of the innermost caller instead.
     pub tenant: Option<Arc<str>>,
+    /// The size of a client's request as it arrived (its HTTP body or gRPC message), which
+    /// stays in memory with it while it runs (binary tensors are slices of it); 0 for the calls
+    /// a model makes.
+    pub received_bytes: usize,
 }
 
 impl CallContext {
@@ -224,6 +228,7 @@ impl CallContext {
             warmup: false,
             span: tracing::Span::current(),
             tenant: None,
+            received_bytes: 0,
         }
     }
 
@@ -255,6 +260,7 @@ impl CallContext {
             warmup: self.warmup,
             span: self.span.clone(),
             tenant: self.tenant.clone(),
+            received_bytes: 0,
         }
     }
 

@@ -163,6 +163,7 @@ pub async fn start(
         model,
         version,
         trace,
+        received_bytes: body.len(),
     };
     let decode = |regions: &dyn kserve::RegionReader| {
         kserve::decode_request_with(&kserve_body, None, regions)

@@ -124,11 +124,13 @@ impl Grpc {
         message: pb::ModelInferRequest,
     ) -> Result<pb::ModelInferResponse, InferError> {
         let (model, version) = target_of(&message)?;
+        let received_bytes = prost::Message::encoded_len(&message);
         let decode = |regions: &dyn RegionReader| decode_request(message, regions);
         let request = crate::protocol::ClientRequest {
             model: &model,
             version,
             trace,
+            received_bytes,
         };
         let answer = crate::protocol::client_infer(
             &self.server,
@@ -166,11 +168,13 @@ impl Grpc {
         };
         let started = async {
             let (model, version) = target_of(&message)?;
+            let received_bytes = prost::Message::encoded_len(&message);
             let decode = |regions: &dyn RegionReader| decode_request(message, regions);
             let request = crate::protocol::ClientRequest {
                 model: &model,
                 version,
                 trace,
+                received_bytes,
             };
             crate::protocol::client_infer_stream(
                 &self.server,

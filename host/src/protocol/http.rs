@@ -338,6 +338,7 @@ async fn openai_run(
             model: &prepared.model,
             version: None,
             trace: super::TraceContext::from_headers(headers),
+            received_bytes: body.len(),
         },
         s.verbose_errors,
         |_| Ok(request),
@@ -1190,6 +1191,7 @@ async fn run_infer(
         model: &model,
         version,
         trace: super::TraceContext::from_headers(&headers),
+        received_bytes: body.len(),
     };
     let answer =
         match super::client_infer(&s.server, &principal, request, s.verbose_errors, decode).await {

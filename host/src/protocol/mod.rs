@@ -36,6 +36,9 @@ pub struct ClientRequest<'a> {
     pub model: &'a str,
     pub version: Option<i64>,
     pub trace: TraceContext,
+    /// The request's size as it arrived (its body or message): see
+    /// [`CallContext::received_bytes`].
+    pub received_bytes: usize,
 }
 
 /// A client's W3C trace context (`traceparent`, `tracestate` headers or gRPC metadata).
@@ -120,6 +123,7 @@ pub async fn client_infer(
         model,
         version,
         trace,
+        received_bytes,
     } = request;
     let shm = server.shared_memory(principal);
     let regions: &dyn RegionReader = match shm {
@@ -130,7 +134,8 @@ pub async fn client_infer(
     let in_shared_memory: Vec<(String, SharedMemoryRef)> =
         crate::api::requested_outputs(&request.outputs);
     let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
-    let (cx, request_id) = root_context(principal, &trace, model);
+    let (mut cx, request_id) = root_context(principal, &trace, model);
+    cx.received_bytes = received_bytes;
     let response = server
         .infer(cx, model, version, request)
         .await
@@ -179,6 +184,7 @@ pub async fn client_infer_stream(
         model,
         version,
         trace,
+        received_bytes,
     } = request;
     let regions: &dyn RegionReader = match server.shared_memory(principal) {
         Some(shm) => shm,
@@ -192,7 +198,8 @@ pub async fn client_infer_stream(
         )));
     }
     let (requested, parameters) = (request.outputs.clone(), request.parameters.clone());
-    let (cx, request_id) = root_context(principal, &trace, model);
+    let (mut cx, request_id) = root_context(principal, &trace, model);
+    cx.received_bytes = received_bytes;
     let stream = server
         .infer_stream(cx, model, version, request)
         .await

@@ -779,6 +779,7 @@ impl HostState {
             warmup: false,
             span: self.span.clone(),
             tenant: self.tenant.clone(),
+            received_bytes: 0,
         }
     }
 
