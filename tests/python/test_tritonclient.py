@@ -199,6 +199,12 @@ def test_compressed_requests_and_answers(server, client, binary_data, request_co
             "POST", "/v2/models/add_sub/infer", body,
             {"Content-Type": "application/json", "Accept-Encoding": response_compression})
         assert status == 200 and headers.get("content-encoding") == response_compression
+        # Only inference answers, as Triton's: tritonclient's asyncio client sends aiohttp's
+        # default Accept-Encoding and parses the other answers as they come.
+        status, headers, data = server.request("GET", "/v2/models/add_sub/stats", None,
+                                               {"Accept-Encoding": response_compression})
+        assert status == 200 and "content-encoding" not in headers
+        assert json.loads(data)["model_stats"]
 
 
 def test_a_compressed_body_is_bounded_once_decompressed(server):

@@ -61,8 +61,8 @@ pub fn router(
     let held = || axum::middleware::from_fn_with_state(state.clone(), hold_response);
     // Compression as Triton's HTTP front-end does it, on the inference APIs: request bodies
     // sent with `Content-Encoding: gzip|deflate` are read decompressed (within
-    // --http-max-input-size), and answers are compressed when the client's `Accept-Encoding`
-    // asks (not event streams). The compressor wraps `hold_response`, so that an answer waiting
+    // --http-max-input-size), and inference answers are compressed when the client's
+    // `Accept-Encoding` asks ([`CompressibleAnswer`]). The compressor wraps `hold_response`, so that an answer waiting
     // for it, and for the client, stays in the budget: it takes the answer a slice at a time.
     // Functions' bodies are their own business and pass as they are.
     let inference = kserve_routes()
@@ -76,7 +76,15 @@ pub fn router(
         .layer(
             tower_http::compression::CompressionLayer::new()
                 .gzip(true)
-                .deflate(true),
+                .deflate(true)
+                .compress_when(
+                    |_: StatusCode,
+                     _: axum::http::Version,
+                     _: &HeaderMap,
+                     extensions: &axum::http::Extensions| {
+                        extensions.get::<CompressibleAnswer>().is_some()
+                    },
+                ),
         );
     // Who may call what is read here, not from where layers sit between routes: every route
     // but health needs a key once tenancy is on.
@@ -1230,11 +1238,18 @@ async fn run_infer(
             };
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            r.extensions_mut().insert(CompressibleAnswer);
             r
         }
         Err(e) => error_response(&e),
     }
 }
+
+/// Marks an inference answer, the one answer compressed when the client's `Accept-Encoding`
+/// asks, as Triton does: its other answers go as they are (tritonclient's asyncio client sends
+/// aiohttp's default `Accept-Encoding` and parses statistics and metadata without decompressing).
+#[derive(Clone, Copy, Debug)]
+struct CompressibleAnswer;
 
 /// The admin API is the operator's: the refusal a tenant gets.
 fn refuse_tenant(principal: &Principal) -> Option<Response> {
