@@ -781,6 +781,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
             reading: reading.clone(),
             max_message: serve.http_max_input_size,
             message_timeout: connections.body_read_timeout,
+            send_timeout: connections.send_timeout,
         };
         front_ends.spawn(async move {
             let served = tonic::transport::Server::builder()

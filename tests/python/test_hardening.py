@@ -553,8 +553,9 @@ class _H2Grpc:
     """A raw HTTP/2 connection to the gRPC port that sends gRPC messages as it is told,
     including all but the last bytes of one, which a gRPC library never does."""
 
-    def __init__(self, srv, reads: bool = True):
-        """`reads` False: the client grants the server no window to answer in."""
+    def __init__(self, srv, reads: bool = True, window: int = 0):
+        """`reads` False: the client grants each stream `window` bytes to answer in, and no
+        more."""
         import socket
 
         import h2.config
@@ -567,7 +568,8 @@ class _H2Grpc:
         if reads:
             self.conn.increment_flow_control_window(1 << 30)
         else:
-            self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+            self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+        self.closed = False
         self.headers: dict[int, dict[str, str]] = {}
         self.ended: set[int] = set()
         self._flush()
@@ -576,19 +578,21 @@ class _H2Grpc:
         self.sock.sendall(self.conn.data_to_send())
 
     def start_message(self, declared: int, sent: int, message: bytes | None = None,
-                      end: bool = True) -> int:
-        """Opens a ModelInfer call whose message declares `declared` bytes and sends `sent`
-        (of `message`, else filler); a whole message ends the call's request if `end`."""
+                      end: bool = True, before: bytes = b"",
+                      method: str = "ModelInfer") -> int:
+        """Opens a `method` call whose message declares `declared` bytes and sends `sent`
+        (of `message`, else filler), after the whole messages in `before`, all at once; a
+        whole message ends the call's request if `end`."""
         import struct
 
         sid = self.conn.get_next_available_stream_id()
         self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
                                      (":authority", "tessera"),
-                                     (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                                     (":path", f"/inference.GRPCInferenceService/{method}"),
                                      ("content-type", "application/grpc"), ("te", "trailers")])
         self.headers[sid] = {}
         payload = message[:sent] if message is not None else b"\x0a" * sent
-        data = memoryview(struct.pack(">BI", 0, declared) + payload)
+        data = memoryview(before + struct.pack(">BI", 0, declared) + payload)
         while data:
             room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
             if room <= 0:
@@ -612,8 +616,11 @@ class _H2Grpc:
             return
         got = self.sock.recv(1 << 20)
         if not got:
+            self.closed = True
             raise ConnectionError("the server closed the connection")
         for event in self.conn.receive_data(got):
+            if isinstance(event, h2.events.ConnectionTerminated):
+                self.closed = True
             if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
                 self.headers[event.stream_id].update(
                     (k.decode(), v.decode()) for k, v in event.headers)
@@ -678,6 +685,56 @@ def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_serv
     status, _, _ = srv.request("POST", "/v2/models/slow_echo/infer", b"x" * 2_500_000,
                             {"Content-Type": "application/json"}, timeout=30)
     assert status == 400, status
+
+
+def _grpc_message(request) -> bytes:
+    """A gRPC length-prefixed message holding `request`."""
+    import struct
+
+    data = request.SerializeToString()
+    return struct.pack(">BI", 0, len(data)) + data
+
+
+def test_a_stream_that_stalls_its_own_reading_loses_its_connection_at_the_deadline(
+        budget_server):
+    """A ModelStreamInfer client that grants its answers a 16-byte window stops the server
+    reading its requests (they are read as answers go out: hyper polls a stream's answers,
+    and with them its requests, until an answer waits for window). Its third message, begun
+    and asked for, holds 3 MB of the 8 MB read budget: once it is past
+    --http-body-read-timeout-secs (8 s here) the connection is closed and the bytes given back,
+    though the client neither sends nor closes. (Before, they stayed held until the client
+    left: about three such streams refused every large body.)"""
+    import time
+
+    srv = budget_server
+    wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)
+    request = service_pb2.ModelInferRequest(model_name="slow_echo")
+    request.inputs.add(name="X", datatype="FP32", shape=[1, 1])
+    request.raw_input_contents.append(np.zeros(1, dtype=np.float32).tobytes())
+    # Answered later, so that its answer is not sent with the first one but waits for window.
+    later = service_pb2.ModelInferRequest()
+    later.CopyFrom(request)
+    later.parameters["delay_ms"].int64_param = 500
+    h2c = _H2Grpc(srv, reads=False, window=16)
+    try:
+        started = time.monotonic()
+        h2c.start_message(3_000_000, 1_000,
+                          before=_grpc_message(request) + _grpc_message(later),
+                          method="ModelStreamInfer")
+        wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 3_000_000, timeout=10)
+        deadline = time.monotonic() + 30
+        while not h2c.closed and time.monotonic() < deadline:
+            try:
+                h2c.pump(0.2)
+            except ConnectionError:
+                break
+        assert h2c.closed, ("the server kept the stalled stream's connection", h2c.headers,
+                            metric(srv, "tessera_buffered_bytes"))
+        assert time.monotonic() - started >= 7.5, "closed before the message's deadline"
+        assert metric(srv, "tessera_buffered_bytes") == 0
+    finally:
+        h2c.close()
+    assert not isinstance(_echo_grpc(srv, 4), InferenceServerException)
 
 
 def _stalled_echo(srv, elements: int):
@@ -802,7 +859,10 @@ def test_grpc_answers_a_client_grants_no_window_for_are_held_within_the_same_byt
 def test_a_client_that_stops_reading_is_disconnected_after_the_send_timeout(tmp_path):
     """--http-send-timeout-secs: a client that asked for a 15 MB answer and reads nothing is
     disconnected once the server's writes have made no progress for that long, and the bytes
-    its answer held are given back, without the client doing anything."""
+    its answer held are given back, without the client doing anything. Over gRPC, the same
+    for a stream whose client grants it no flow-control window."""
+    import time
+
     repo = tmp_path / "repository"
     _slow_echo_any_length(repo)
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
@@ -821,6 +881,26 @@ def test_a_client_that_stops_reading_is_disconnected_after_the_send_timeout(tmp_
         while chunk := sock.recv(1 << 20):
             received += len(chunk)
         assert 0 < received < 15_000_000, received
+        # Over gRPC, a client that grants one stream no window while its connection goes on
+        # (the socket takes whatever the server writes) loses the connection the same way.
+        h2c = _H2Grpc(srv, reads=False)
+        try:
+            request = service_pb2.ModelInferRequest(model_name="slow_echo")
+            request.inputs.add(name="X", datatype="FP32", shape=[3_750_000, 1])
+            request.raw_input_contents.append(np.zeros(3_750_000, dtype=np.float32).tobytes())
+            message = request.SerializeToString()
+            h2c.start_message(len(message), len(message), message)
+            wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 10_000_000, timeout=20)
+            deadline = time.monotonic() + 20
+            while not h2c.closed and time.monotonic() < deadline:
+                try:
+                    h2c.pump(0.2)
+                except ConnectionError:
+                    break
+            assert h2c.closed, "the server kept the connection of a stream it could not answer"
+            assert metric(srv, "tessera_buffered_bytes") == 0
+        finally:
+            h2c.close()
     finally:
         if sock is not None:
             sock.close()

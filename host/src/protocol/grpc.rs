@@ -21,7 +21,7 @@ use crate::api::{StatsSnapshot, Tally};
 use crate::infer::InferError;
 use crate::limits::ByteBudget;
 use crate::protocol::kserve::RegionReader;
-use crate::protocol::listen::WrittenBody;
+use crate::protocol::listen::{ConnectionCloser, GrpcConnection, Watchdog, WrittenBody};
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod pb {
@@ -703,6 +703,8 @@ pub struct GrpcBoundsLayer {
     pub max_message: usize,
     /// How long one message may take to arrive once begun (`--http-body-read-timeout-secs`).
     pub message_timeout: Duration,
+    /// How long a held response message may make no progress (`--http-send-timeout-secs`).
+    pub send_timeout: Duration,
 }
 
 impl<S> tower_layer::Layer<S> for GrpcBoundsLayer {
@@ -757,17 +759,23 @@ where
         let bounds = &self.bounds;
         // Only ModelStreamInfer takes a stream of messages; every other call takes one.
         let unary = !request.uri().path().ends_with("/ModelStreamInfer");
+        let closer = request
+            .extensions()
+            .get::<GrpcConnection>()
+            .map(|connection| connection.closer.clone());
         let request = request.map(|body| {
             let budget = MessageBudget::new(
                 body,
                 bounds.reading.clone(),
                 bounds.max_message,
                 bounds.message_timeout,
+                closer.clone(),
             );
             tonic::body::Body::new(if unary { budget.unary() } else { budget })
         });
         let answer = self.inner.call(request);
         let writing = bounds.reading.clone();
+        let send_timeout = bounds.send_timeout;
         Box::pin(async move {
             use http_body_util::BodyExt;
             let (mut parts, body) = answer.await?.into_parts();
@@ -780,7 +788,10 @@ where
                 Err(frame) => frame,
             });
             // Response messages a client has not taken stay in the budget for buffered bytes.
-            let body = WrittenBody::new(tonic::body::Body::new(body), writing);
+            let mut body = WrittenBody::new(tonic::body::Body::new(body), writing);
+            if let Some(closer) = closer {
+                body = body.watched(closer, send_timeout);
+            }
             Ok(http::Response::from_parts(
                 parts,
                 tonic::body::Body::new(body),
@@ -795,6 +806,13 @@ where
 /// last byte: without this, a client holding all but one byte of a 60 MB message on each of a
 /// connection's 1,024 streams held 60 GB of the server's memory, for as long as it liked.
 ///
+/// On a stream, the bytes are reserved, and the deadline starts, when the server asks for more
+/// of a message than came with the frame its prefix was in: a stream's next request may arrive
+/// with the previous one and wait its turn, unreserved (it holds no more than that frame). From
+/// then on the deadline holds even when the body is not polled (a `ModelStreamInfer` client
+/// that grants its answers no window stops the reading of its requests): past it, and a short
+/// grace for the call to fail on its own, the connection is closed ([`ConnectionCloser`]).
+///
 /// Messages are framed as one compression flag byte, a 4-byte big-endian length and that many
 /// bytes (gRPC over HTTP/2, "Length-Prefixed-Message").
 pub struct MessageBudget<B> {
@@ -807,19 +825,38 @@ pub struct MessageBudget<B> {
     prefix_seen: usize,
     /// Bytes of the current message still to come (0 between messages).
     remaining: u64,
-    /// The current message's place in the budget, and when it must have arrived.
-    held: Option<(
-        tokio::sync::OwnedSemaphorePermit,
-        Pin<Box<tokio::time::Sleep>>,
-    )>,
+    /// The current message's declared length, until it is reserved.
+    unreserved: Option<u64>,
+    /// The current message's place in the budget and when it must have arrived.
+    held: Option<Held>,
+    /// The connection, for the deadline when the body is not polled.
+    closer: Option<ConnectionCloser>,
     /// A unary call: its one message stays held, under the same deadline, until the request
     /// ends (tonic keeps the decoded message while it waits for the end of the stream, so a
     /// client that never ended it held the message for good).
     unary: bool,
 }
 
+/// A message's place in the read budget and its deadline.
+struct Held {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// Closes the connection a little after the deadline if the body is not polled by then.
+    _watchdog: Option<Watchdog>,
+}
+
+/// How long after a message's deadline its connection is closed if the call has not failed on
+/// its own (its body was not polled).
+const UNPOLLED_MESSAGE_GRACE: Duration = Duration::from_secs(1);
+
 impl<B> MessageBudget<B> {
-    pub fn new(inner: B, reading: ByteBudget, max_message: usize, timeout: Duration) -> Self {
+    pub fn new(
+        inner: B,
+        reading: ByteBudget,
+        max_message: usize,
+        timeout: Duration,
+        closer: Option<ConnectionCloser>,
+    ) -> Self {
         MessageBudget {
             inner,
             reading,
@@ -828,7 +865,9 @@ impl<B> MessageBudget<B> {
             prefix: [0; 5],
             prefix_seen: 0,
             remaining: 0,
+            unreserved: None,
             held: None,
+            closer,
             unary: false,
         }
     }
@@ -849,8 +888,12 @@ impl<B> MessageBudget<B> {
                     .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
                 data = &data[taken..];
                 self.remaining -= taken as u64;
-                if self.remaining == 0 && !self.unary {
-                    self.held = None;
+                if self.remaining == 0 {
+                    // Arrived with the frame its prefix was in: nothing to reserve.
+                    self.unreserved = None;
+                    if !self.unary {
+                        self.held = None;
+                    }
                 }
                 continue;
             }
@@ -868,16 +911,48 @@ impl<B> MessageBudget<B> {
             if self.remaining == 0 || self.remaining > self.max_message as u64 {
                 continue;
             }
-            let permit = self.reading.try_reserve(self.remaining).ok_or_else(|| {
-                Status::unavailable(format!(
-                    "the server is reading as many request messages as it may hold at once \
-                     (--http-max-buffered-bytes); this one declares {} bytes; retry",
-                    self.remaining
-                ))
-            })?;
-            let deadline = Box::pin(tokio::time::sleep(self.timeout));
-            self.held = Some((permit, deadline));
+            if self.unary {
+                // One message, read to the end of the request without a pause: its deadline
+                // covers that end too.
+                self.reserve(self.remaining)?;
+            } else {
+                self.unreserved = Some(self.remaining);
+            }
         }
+        Ok(())
+    }
+
+    /// The server asks for more of the body: a message begun in the last frame is reserved.
+    fn asked_for_more(&mut self) -> Result<(), Status> {
+        match self.unreserved.take() {
+            Some(declared) => self.reserve(declared),
+            None => Ok(()),
+        }
+    }
+
+    /// Reserves the current message's declared length and starts its deadline.
+    fn reserve(&mut self, declared: u64) -> Result<(), Status> {
+        let permit = self.reading.try_reserve(declared).ok_or_else(|| {
+            Status::unavailable(format!(
+                "the server is reading as many request messages as it may hold at once \
+                 (--http-max-buffered-bytes); this one declares {declared} bytes; retry"
+            ))
+        })?;
+        let secs = self.timeout.as_secs();
+        let watchdog = self.closer.as_ref().map(|closer| {
+            closer.close_after(
+                self.timeout + UNPOLLED_MESSAGE_GRACE,
+                format!(
+                    "a request message of {declared} bytes did not arrive in full within \
+                     {secs} s (--http-body-read-timeout-secs) while its stream was stalled"
+                ),
+            )
+        });
+        self.held = Some(Held {
+            _permit: permit,
+            deadline: Box::pin(tokio::time::sleep(self.timeout)),
+            _watchdog: watchdog,
+        });
         Ok(())
     }
 }
@@ -896,31 +971,37 @@ where
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         use std::task::Poll;
         let this = self.get_mut();
+        if let Err(status) = this.asked_for_more() {
+            // Boxed as itself, so tonic finds the status (a boxed box it would not).
+            return Poll::Ready(Some(Err(Box::new(status))));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 match frame.data_ref() {
                     Some(data) => {
                         if let Err(status) = this.read(data) {
-                            // Boxed as itself, so tonic finds the status (a boxed box it would
-                            // not).
                             return Poll::Ready(Some(Err(Box::new(status))));
                         }
                     }
                     // Trailers end the request.
-                    None => this.held = None,
+                    None => {
+                        this.held = None;
+                        this.unreserved = None;
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => {
                 this.held = None;
+                this.unreserved = None;
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 // Checked only while waiting for the client: a message the server has not
                 // asked to read yet (a stream's requests wait their turn) is not late.
-                if let Some((_, deadline)) = &mut this.held
-                    && deadline.as_mut().poll(cx).is_ready()
+                if let Some(held) = &mut this.held
+                    && held.deadline.as_mut().poll(cx).is_ready()
                 {
                     this.held = None;
                     let secs = this.timeout.as_secs();
@@ -1015,47 +1096,103 @@ fn percent_encode(text: &str) -> String {
 mod bounds_tests {
     use super::*;
 
+    fn prefix(len: u32) -> Vec<u8> {
+        let mut p = vec![0u8];
+        p.extend_from_slice(&len.to_be_bytes());
+        p
+    }
+
+    fn budget_of(budget: &ByteBudget) -> MessageBudget<()> {
+        MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60), None)
+    }
+
     #[tokio::test]
-    async fn a_message_holds_its_declared_length_until_its_last_byte() {
+    async fn a_message_holds_its_declared_length_from_when_it_is_asked_for_to_its_last_byte() {
         let budget = ByteBudget::new(10 * 1024);
-        let mut body = MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60));
-        let prefix = |len: u32| {
-            let mut p = vec![0u8];
-            p.extend_from_slice(&len.to_be_bytes());
-            p
-        };
+        let mut body = budget_of(&budget);
         // A prefix split across frames, then part of its 4 KiB message.
         let first = prefix(4096);
         body.read(&first[..2]).expect("fits");
+        body.asked_for_more().expect("nothing to reserve");
         assert_eq!(budget.held_bytes(), 0);
         body.read(&first[2..]).expect("fits");
-        body.read(&[7; 4000]).expect("fits");
+        // Not held until the server asks for more of it.
+        assert_eq!(budget.held_bytes(), 0);
+        body.asked_for_more().expect("fits");
         assert_eq!(budget.held_bytes(), 4096);
-        // Its last bytes, a whole 1-byte message and the start of the next, in one frame.
+        body.read(&[7; 4000]).expect("fits");
+        body.asked_for_more().expect("fits");
+        assert_eq!(budget.held_bytes(), 4096);
+        // Its last bytes, a whole 1-byte message and the start of the next, in one frame: the
+        // next waits its turn unreserved, and is reserved once asked for.
         let mut frame = vec![7; 96];
         frame.extend(prefix(1));
         frame.push(7);
         frame.extend(prefix(8 * 1024));
         body.read(&frame).expect("fits");
+        assert_eq!(budget.held_bytes(), 0);
+        body.asked_for_more().expect("fits");
         assert_eq!(budget.held_bytes(), 8 * 1024);
         // A message that does not fit beside it is refused as UNAVAILABLE.
-        let mut other = MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60));
-        let refused = other.read(&prefix(4096)).expect_err("over the budget");
+        let mut other = budget_of(&budget);
+        other.read(&prefix(4096)).expect("not reserved yet");
+        let refused = other.asked_for_more().expect_err("over the budget");
         assert_eq!(refused.code(), tonic::Code::Unavailable);
         assert!(refused.message().contains("--http-max-buffered-bytes"));
-        // A message over tonic's own limit is left for tonic to refuse; an empty one holds nothing.
+        // A message over tonic's own limit is left for tonic to refuse; an empty one holds
+        // nothing; one whole in its frame needs nothing either.
         other.read(&prefix(2 << 20)).expect("not reserved");
-        let mut third = MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60));
+        other.asked_for_more().expect("not reserved");
+        let mut third = budget_of(&budget);
         third.read(&prefix(0)).expect("empty");
-        drop(body);
-        assert_eq!(budget.held_bytes(), 0);
-        // A unary call's message stays held after its last byte, until the request ends.
-        let mut unary =
-            MessageBudget::new((), budget.clone(), 1 << 20, Duration::from_secs(60)).unary();
         let mut whole = prefix(2048);
         whole.extend([7; 2048]);
+        third.read(&whole).expect("whole");
+        third.asked_for_more().expect("nothing to reserve");
+        assert_eq!(budget.held_bytes(), 8 * 1024);
+        drop(body);
+        assert_eq!(budget.held_bytes(), 0);
+        // A unary call's message is held from its prefix, and after its last byte until the
+        // request ends.
+        let mut unary = budget_of(&budget).unary();
         unary.read(&whole).expect("fits");
         assert_eq!(budget.held_bytes(), 2048);
+        let mut over = budget_of(&budget).unary();
+        let refused = over.read(&prefix(9 * 1024)).expect_err("over the budget");
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_not_read_past_its_deadline_closes_its_connection() {
+        let budget = ByteBudget::new(10 * 1024);
+        let closer = ConnectionCloser::default();
+        let mut body = MessageBudget::new(
+            (),
+            budget.clone(),
+            1 << 20,
+            Duration::from_secs(5),
+            Some(closer.clone()),
+        );
+        body.read(&prefix(4096)).expect("fits");
+        body.asked_for_more().expect("fits");
+        tokio::time::sleep(Duration::from_secs(5) + UNPOLLED_MESSAGE_GRACE / 2).await;
+        assert!(!closer.is_closed());
+        tokio::time::sleep(UNPOLLED_MESSAGE_GRACE).await;
+        assert!(closer.is_closed());
+        // A message that arrives in time leaves the connection be.
+        let other = ConnectionCloser::default();
+        let mut body = MessageBudget::new(
+            (),
+            budget.clone(),
+            1 << 20,
+            Duration::from_secs(5),
+            Some(other.clone()),
+        );
+        body.read(&prefix(4096)).expect("fits");
+        body.asked_for_more().expect("fits");
+        body.read(&[7; 4096]).expect("fits");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!other.is_closed());
     }
 
     #[test]

@@ -13,7 +13,12 @@
 //!   legitimate (clients keep channels open) and is bounded by the connection limit.
 //! - **A client that stops reading** is disconnected once the connection's writes have made no
 //!   progress for `--http-send-timeout-secs` ([`Sending`]); what its answers held in the budget
-//!   for buffered bytes ([`WrittenBody`]) is given back.
+//!   for buffered bytes ([`WrittenBody`]) is given back. An HTTP/2 client can stop one stream
+//!   while its connection goes on (it grants that stream no flow-control window): hyper then
+//!   polls neither the stream's answer nor, for `ModelStreamInfer`, its requests, so what they
+//!   hold is watched from outside ([`ConnectionCloser`]) and the connection closed when a held
+//!   answer makes no progress for the send timeout or a message being read outlives its
+//!   deadline.
 //! - **At shutdown** readiness drops first, listeners stop accepting, every open connection is
 //!   asked to finish (HTTP/1: after its request in flight; HTTP/2: GOAWAY, streams in flight
 //!   finish), and whatever is still open after `--exit-timeout-secs` is closed.
@@ -21,7 +26,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -168,6 +173,7 @@ const HTTP2_FRAME_HEADER_LEN: usize = 9;
 pub struct Bounded {
     tcp: Sending<TcpStream>,
     _permit: OwnedSemaphorePermit,
+    closer: ConnectionCloser,
     /// Until the client's first frame has arrived: the deadline and what was read of it.
     preface: Option<(Pin<Box<tokio::time::Sleep>>, Start)>,
 }
@@ -213,6 +219,7 @@ impl Bounded {
         Bounded {
             tcp,
             _permit: permit,
+            closer: ConnectionCloser::default(),
             preface: Some((Box::pin(tokio::time::sleep(timeout)), Start::default())),
         }
     }
@@ -224,6 +231,10 @@ impl AsyncRead for Bounded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        // hyper always has a read waiting on an HTTP/2 connection: the closer wakes it.
+        if let Some(closed) = self.closer.poll_closed(cx) {
+            return Poll::Ready(Err(closed));
+        }
         let before = buf.filled().len();
         let this = &mut *self;
         let read = Pin::new(&mut this.tcp).poll_read(cx, buf);
@@ -276,10 +287,108 @@ impl AsyncWrite for Bounded {
 }
 
 impl tonic::transport::server::Connected for Bounded {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = GrpcConnection;
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp.io.connect_info()
+    fn connect_info(&self) -> GrpcConnection {
+        GrpcConnection {
+            tcp: self.tcp.io.connect_info(),
+            closer: self.closer.clone(),
+        }
+    }
+}
+
+/// What tonic puts in each request's extensions about the connection it came on.
+#[derive(Clone)]
+pub struct GrpcConnection {
+    pub tcp: tonic::transport::server::TcpConnectInfo,
+    pub closer: ConnectionCloser,
+}
+
+/// Closes one gRPC connection from outside hyper, for what a stream holds past its deadline
+/// while hyper does not poll it: a stream's body is polled only when the stream may send, so a
+/// client that grants a stream no flow-control window stops its answer where it is and, for
+/// `ModelStreamInfer`, the reading of its requests. Only the connection can be closed from
+/// here (hyper resets a stream only when its body fails, which needs a poll); a client that
+/// stalls a stream loses its other streams too.
+#[derive(Clone, Default)]
+pub struct ConnectionCloser(Arc<CloserState>);
+
+#[derive(Default)]
+struct CloserState {
+    /// Why the connection was closed, once it was.
+    reason: std::sync::OnceLock<String>,
+    /// The connection's reader, woken to fail.
+    reader: futures::task::AtomicWaker,
+}
+
+impl ConnectionCloser {
+    /// Fails the connection's reads from now on, which ends it and every stream on it.
+    pub fn close(&self, reason: String) {
+        if self.0.reason.get().is_none() {
+            tracing::warn!("closing a gRPC connection: {reason}");
+        }
+        let _ = self.0.reason.set(reason);
+        self.0.reader.wake();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.0.reason.get().is_some()
+    }
+
+    fn poll_closed(&self, cx: &Context<'_>) -> Option<std::io::Error> {
+        self.0.reader.register(cx.waker());
+        let reason = self.0.reason.get()?;
+        Some(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            reason.clone(),
+        ))
+    }
+
+    /// Closes the connection after `timeout` unless the watchdog is dropped first.
+    pub fn close_after(&self, timeout: Duration, reason: String) -> Watchdog {
+        let closer = self.clone();
+        Watchdog(
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                closer.close(reason);
+            })
+            .abort_handle(),
+        )
+    }
+
+    /// Closes the connection once `progress` has not moved for `timeout` (checked every
+    /// `timeout`), unless the watchdog is dropped first.
+    fn close_unless_progress(
+        &self,
+        timeout: Duration,
+        progress: Arc<AtomicU64>,
+        reason: String,
+    ) -> Watchdog {
+        let closer = self.clone();
+        Watchdog(
+            tokio::spawn(async move {
+                let mut seen = progress.load(Ordering::Relaxed);
+                loop {
+                    tokio::time::sleep(timeout).await;
+                    let now = progress.load(Ordering::Relaxed);
+                    if now == seen {
+                        closer.close(reason);
+                        return;
+                    }
+                    seen = now;
+                }
+            })
+            .abort_handle(),
+        )
+    }
+}
+
+/// A timer that closes a connection unless it is dropped first.
+pub struct Watchdog(tokio::task::AbortHandle);
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -487,18 +596,35 @@ pub struct WrittenBody<B> {
     /// A reservation made for the first large frame before the body started.
     prepaid: Option<OwnedSemaphorePermit>,
     /// The frame being handed over, and its place in the budget, shared with its slices.
-    current: Option<(Bytes, Arc<OwnedSemaphorePermit>)>,
+    current: Option<(Bytes, Arc<HeldFrame>)>,
+    /// On an HTTP/2 connection: closes it when a held frame makes no progress for the send
+    /// timeout (see [`ConnectionCloser`]).
+    stall: Option<(ConnectionCloser, Duration)>,
+}
+
+/// A frame's place in the budget, with how many of its slices were written.
+struct HeldFrame {
+    _permit: OwnedSemaphorePermit,
+    written: Arc<AtomicU64>,
+    _watchdog: Option<Watchdog>,
 }
 
 /// One slice of a held frame: the frame's place in the budget goes with its last slice.
 struct HeldSlice {
     data: Bytes,
-    _held: Arc<OwnedSemaphorePermit>,
+    held: Arc<HeldFrame>,
 }
 
 impl AsRef<[u8]> for HeldSlice {
     fn as_ref(&self) -> &[u8] {
         &self.data
+    }
+}
+
+impl Drop for HeldSlice {
+    fn drop(&mut self) {
+        // Dropped once the connection has written it.
+        self.held.written.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -509,7 +635,15 @@ impl<B> WrittenBody<B> {
             budget,
             prepaid: None,
             current: None,
+            stall: None,
         }
+    }
+
+    /// Closes the connection through `closer` when a held frame makes no progress for
+    /// `timeout` (HTTP/2, where [`Sending`] does not see a stream stopped by its window).
+    pub fn watched(mut self, closer: ConnectionCloser, timeout: Duration) -> WrittenBody<B> {
+        self.stall = Some((closer, timeout));
+        self
     }
 
     /// Like [`WrittenBody::new`] for a body whose size is known: reserves it now, or gives the
@@ -525,6 +659,7 @@ impl<B> WrittenBody<B> {
                 budget,
                 prepaid: Some(permit),
                 current: None,
+                stall: None,
             }),
             None => Err((inner, ResponseOverBudget(size))),
         }
@@ -548,7 +683,7 @@ where
             if let Some((data, held)) = &mut this.current {
                 let slice = HeldSlice {
                     data: data.split_to(data.len().min(RESPONSE_SLICE_BYTES)),
-                    _held: held.clone(),
+                    held: held.clone(),
                 };
                 if data.is_empty() {
                     this.current = None;
@@ -576,7 +711,25 @@ where
                     }
                 },
             };
-            this.current = Some((data, Arc::new(permit)));
+            let written = Arc::new(AtomicU64::new(0));
+            let watchdog = this.stall.as_ref().map(|(closer, timeout)| {
+                closer.close_unless_progress(
+                    *timeout,
+                    written.clone(),
+                    format!(
+                        "its client took none of a {} byte response for {} s \
+                         (--http-send-timeout-secs)",
+                        data.len(),
+                        timeout.as_secs()
+                    ),
+                )
+            });
+            let held = HeldFrame {
+                _permit: permit,
+                written,
+                _watchdog: watchdog,
+            };
+            this.current = Some((data, Arc::new(held)));
         }
     }
 
@@ -632,6 +785,30 @@ mod tests {
         let data = small.frame().await.expect("a frame").expect("fits");
         assert_eq!(data.into_data().map(|d| d.len()).ok(), Some(1000));
         assert_eq!(budget.held_bytes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_frame_that_makes_no_progress_closes_its_connection() {
+        let budget = ByteBudget::new(1 << 20);
+        let timeout = Duration::from_secs(10);
+        // A client that takes a slice now and then keeps its connection.
+        let reading = ConnectionCloser::default();
+        let mut held =
+            WrittenBody::new(body(300 * 1024), budget.clone()).watched(reading.clone(), timeout);
+        while let Some(frame) = held.frame().await {
+            drop(frame);
+            tokio::time::sleep(Duration::from_secs(7)).await;
+        }
+        assert!(!reading.is_closed());
+        // One that takes the first slice and then nothing loses it within two timeouts.
+        let stalled = ConnectionCloser::default();
+        let mut held =
+            WrittenBody::new(body(300 * 1024), budget.clone()).watched(stalled.clone(), timeout);
+        let first = held.frame().await;
+        drop(first);
+        let _second = held.frame().await;
+        tokio::time::sleep(timeout * 2 + Duration::from_secs(1)).await;
+        assert!(stalled.is_closed());
     }
 
     #[tokio::test]
