@@ -73,11 +73,26 @@ pub struct ConnectionLimits {
     pub exit_timeout: Duration,
 }
 
+/// A count, size or timeout that must be at least 1: at 0 it would refuse or time out
+/// everything (it does not mean "off").
+fn at_least_one<T>() -> clap::builder::RangedU64ValueParser<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: std::error::Error + Send + Sync + 'static,
+{
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
 /// The server-wide limits (see the module documentation for each one's reason).
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServerLimits {
     /// Client requests in flight at once, all models together; beyond it: 503.
-    #[arg(long, env = "TESSERA_MAX_INFLIGHT_REQUESTS", default_value_t = 4096)]
+    #[arg(
+        long,
+        env = "TESSERA_MAX_INFLIGHT_REQUESTS",
+        default_value_t = 4096,
+        value_parser = at_least_one::<usize>()
+    )]
     pub max_inflight_requests: usize,
     /// Queue bound of models whose queue policy sets no max_queue_size (0: unbounded).
     #[arg(long, env = "TESSERA_DEFAULT_MAX_QUEUE_SIZE", default_value_t = 0)]
@@ -95,35 +110,53 @@ pub struct ServerLimits {
     #[arg(long, env = "TESSERA_EXIT_TIMEOUT_SECS", default_value_t = 30)]
     pub exit_timeout_secs: u64,
     /// Open connections per listener (HTTP, gRPC, metrics).
-    #[arg(long, env = "TESSERA_MAX_CONNECTIONS", default_value_t = 4096)]
+    #[arg(
+        long,
+        env = "TESSERA_MAX_CONNECTIONS",
+        default_value_t = 4096,
+        value_parser = at_least_one::<usize>()
+    )]
     pub max_connections: usize,
     /// Seconds an HTTP request's headers (or a gRPC connection's preface) may take to arrive.
     #[arg(
         long,
         env = "TESSERA_HTTP_HEADER_READ_TIMEOUT_SECS",
-        default_value_t = 10
+        default_value_t = 10,
+        value_parser = at_least_one::<u64>()
     )]
     pub http_header_read_timeout_secs: u64,
     /// Seconds an HTTP request body may take to arrive in full (408 beyond).
     #[arg(
         long,
         env = "TESSERA_HTTP_BODY_READ_TIMEOUT_SECS",
-        default_value_t = 120
+        default_value_t = 120,
+        value_parser = at_least_one::<u64>()
     )]
     pub http_body_read_timeout_secs: u64,
     /// Seconds a connection's writes may make no progress before it is closed.
-    #[arg(long, env = "TESSERA_HTTP_SEND_TIMEOUT_SECS", default_value_t = 60)]
+    #[arg(
+        long,
+        env = "TESSERA_HTTP_SEND_TIMEOUT_SECS",
+        default_value_t = 60,
+        value_parser = at_least_one::<u64>()
+    )]
     pub http_send_timeout_secs: u64,
     /// Bytes the front-ends hold for clients at once: request bodies being read and responses
     /// not yet taken (503 beyond).
-    #[arg(long, env = "TESSERA_HTTP_MAX_BUFFERED_BYTES", default_value_t = 2 << 30)]
+    #[arg(
+        long,
+        env = "TESSERA_HTTP_MAX_BUFFERED_BYTES",
+        default_value_t = 2 << 30,
+        value_parser = at_least_one::<u64>()
+    )]
     pub http_max_buffered_bytes: u64,
     /// Bytes the client requests in flight hold (tensors or bodies), all models together (503
     /// beyond).
     #[arg(
         long,
         env = "TESSERA_MAX_INFLIGHT_REQUEST_BYTES",
-        default_value_t = 4 << 30
+        default_value_t = 4 << 30,
+        value_parser = at_least_one::<u64>()
     )]
     pub max_inflight_request_bytes: u64,
     /// Milliseconds between interruptions of a running Wasm guest.

@@ -535,6 +535,19 @@ def test_requests_in_flight_are_bounded_by_their_input_bytes(budget_server):
     assert status == 429 and "--max-inflight-request-bytes" in body["error"], (status, body)
 
 
+@pytest.mark.parametrize("flag", ["--max-inflight-request-bytes", "--http-max-buffered-bytes",
+                                  "--http-send-timeout-secs", "--max-inflight-requests"])
+def test_a_bound_of_zero_is_refused_at_startup(flag):
+    """0 would refuse or time out every request rather than turn the bound off: refused before
+    the server starts, naming the flag."""
+    import subprocess
+
+    done = subprocess.run([binary(), flag, "0", "--model-repository", "/nonexistent"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0
+    assert flag in done.stderr and "'0'" in done.stderr, done.stderr
+
+
 def _answer_to_headers(srv, path: str, content_length: int) -> bytes:
     """The answer to a request's headers alone, declaring a body of `content_length` bytes
     (for a request refused before its body is read)."""

@@ -222,6 +222,21 @@ def test_a_compressed_body_is_bounded_once_decompressed(server):
     assert server.request("GET", "/v2/health/ready")[0] == 200
 
 
+@pytest.mark.parametrize("path", ["/v2/models/add_sub/infer", "/v1/completions"])
+def test_a_body_in_an_encoding_the_server_does_not_read_is_a_415_with_the_apis_error(
+        server, path):
+    """Content-Encoding: br is not read: 415 naming it and what is read, in the route's own
+    error shape (KServe's `error` string, OpenAI's `error` object), not a plain-text body."""
+    status, _, body = server.request("POST", path, b"\x0b\x02\x80{}\x03",
+                                     {"Content-Type": "application/json",
+                                      "Content-Encoding": "br"})
+    assert status == 415, (status, body[:200])
+    error = json.loads(body)["error"]
+    message = error["message"] if path.startswith("/v1/") else error
+    assert "'br'" in message and "gzip" in message, message
+    assert server.request("GET", "/v2/health/ready")[0] == 200
+
+
 def test_infer_add_sub_default_outputs(client):
     """No `outputs` in the request: every output comes back."""
     a = np.ones((2, 16), np.float32)

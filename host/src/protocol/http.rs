@@ -59,20 +59,22 @@ pub fn router(
         reading,
     };
     let held = || axum::middleware::from_fn_with_state(state.clone(), hold_response);
+    let held_openai = || axum::middleware::from_fn_with_state(state.clone(), hold_openai_response);
     // Compression as Triton's HTTP front-end does it, on the inference APIs: request bodies
     // sent with `Content-Encoding: gzip|deflate` are read decompressed (within
     // --http-max-input-size), and inference answers are compressed when the client's
-    // `Accept-Encoding` asks ([`CompressibleAnswer`]). The compressor wraps `hold_response`, so that an answer waiting
-    // for it, and for the client, stays in the budget: it takes the answer a slice at a time.
-    // Functions' bodies are their own business and pass as they are.
+    // `Accept-Encoding` asks ([`CompressibleAnswer`]). The compressor wraps `hold_response`,
+    // so that an answer waiting for it, and for the client, stays in the budget: it takes the
+    // answer a slice at a time. Functions' bodies are their own business and pass as they are.
     let inference = kserve_routes()
-        .merge(openai_routes())
         .layer(held())
+        .merge(openai_routes().layer(held_openai()))
         .layer(
             tower_http::decompression::RequestDecompressionLayer::new()
                 .gzip(true)
                 .deflate(true),
         )
+        .layer(axum::middleware::from_fn(explain_unsupported_encoding))
         .layer(
             tower_http::compression::CompressionLayer::new()
                 .gzip(true)
@@ -97,6 +99,35 @@ pub fn router(
         .with_state(state)
 }
 
+/// A body sent with a `Content-Encoding` the server does not read gets the API's own error
+/// body, naming what is read, instead of the decompressor's plain-text 415.
+async fn explain_unsupported_encoding(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let openai = request.uri().path().starts_with("/v1/");
+    let encoding = request.headers().get(header::CONTENT_ENCODING).cloned();
+    let response = next.run(request).await;
+    if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return response;
+    }
+    let Some(encoding) = encoding else {
+        return response;
+    };
+    let message = format!(
+        "the request body's Content-Encoding '{}' is not supported: send it as it is, or \
+         compressed with gzip or deflate",
+        String::from_utf8_lossy(encoding.as_bytes())
+    );
+    let body = if openai {
+        json!({ "error": { "message": message, "type": "invalid_request_error",
+                           "param": null, "code": null } })
+    } else {
+        json!({ "error": message })
+    };
+    (StatusCode::UNSUPPORTED_MEDIA_TYPE, axum::Json(body)).into_response()
+}
+
 /// Holds every response's large frames in the budget for buffered bytes until the connection
 /// has taken them ([`WrittenBody`]); a response known whole that does not fit is a 503.
 async fn hold_response(
@@ -104,7 +135,24 @@ async fn hold_response(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let openai = request.uri().path().starts_with("/v1/");
+    hold(s, request, next, false).await
+}
+
+/// [`hold_response`] for the OpenAI routes, whose refusals have OpenAI's error shape.
+async fn hold_openai_response(
+    State(s): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    hold(s, request, next, true).await
+}
+
+async fn hold(
+    s: AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+    openai: bool,
+) -> Response {
     let (parts, body) = next.run(request).await.into_parts();
     let body = match http_body::Body::size_hint(&body).exact() {
         Some(size) if size > RESPONSE_SLICE_BYTES as u64 => {
