@@ -290,6 +290,16 @@ def test_log_probabilities_are_the_engines_token_for_token(server, openai_client
     without = openai_client.chat.completions.create(model=BLS, messages=messages, max_tokens=4)
     assert without.choices[0].logprobs is None
 
+    # Completions' text_offset counts characters of the text: a character split over two
+    # tokens counts once, and the token that holds its end begins at it too.
+    chinese = openai_client.completions.create(model=BLS, prompt="我的名字是", max_tokens=24,
+                                               logprobs=0)
+    logprobs, text = chinese.choices[0].logprobs, chinese.choices[0].text
+    assert any("\ufffd" in t for t in logprobs.tokens), ("no split character", logprobs.tokens)
+    offsets = logprobs.text_offset
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text), (offsets, len(text))
+    assert len(set(offsets)) < len(offsets), "no two tokens began in the same character"
+
 
 def test_the_most_likely_tokens_come_with_each_one(openai_client):
     """`top_logprobs` (chat) and `logprobs: n` (completions): n alternatives per token, the most

@@ -602,9 +602,56 @@ fn token_logprobs(response: &InferResponse) -> Result<Vec<TokenLogprob>, InferEr
     Ok(tokens)
 }
 
+/// Where tokens begin in a completion's text, in characters (completions' `text_offset`). A
+/// byte-level token can hold part of a character: the character counts once, when its last
+/// byte comes, and a token that begins inside it begins at it.
+#[derive(Default)]
+struct TextOffset {
+    /// Characters complete so far.
+    chars: usize,
+    /// The first bytes of a character not complete yet.
+    partial: Vec<u8>,
+}
+
+impl TextOffset {
+    /// Where a token holding `bytes` begins, and moves past it.
+    fn advance(&mut self, bytes: &[u8]) -> usize {
+        let begins = self.chars;
+        self.partial.extend_from_slice(bytes);
+        let mut rest = self.partial.as_slice();
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(text) => {
+                    self.chars += text.chars().count();
+                    rest = &[];
+                    break;
+                }
+                Err(e) => {
+                    let (valid, after) = rest.split_at(e.valid_up_to());
+                    self.chars += std::str::from_utf8(valid).map_or(0, |t| t.chars().count());
+                    match e.error_len() {
+                        // Not UTF-8: one replacement character, as the text shows it.
+                        Some(bad) => {
+                            self.chars += 1;
+                            rest = &after[bad..];
+                        }
+                        // A character still to be completed by the next tokens.
+                        None => {
+                            rest = after;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.partial = rest.to_vec();
+        begins
+    }
+}
+
 /// OpenAI's `logprobs` of a choice holding `tokens`; `offset` is where the first one begins in
-/// the completion's text (completions' `text_offset`, in characters) and moves past them.
-fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut usize) -> Value {
+/// the completion's text and moves past them.
+fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut TextOffset) -> Value {
     match endpoint {
         Endpoint::Chat => json!({
             "content": tokens
@@ -625,8 +672,7 @@ fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: &mut usize
         Endpoint::Completions => {
             let mut offsets = Vec::with_capacity(tokens.len());
             for t in tokens {
-                offsets.push(*offset);
-                *offset += t.text().chars().count();
+                offsets.push(offset.advance(&t.bytes));
             }
             json!({
                 "tokens": tokens.iter().map(TokenLogprob::text).collect::<Vec<_>>(),
@@ -712,7 +758,7 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
     }
     let finish = finish.unwrap_or_else(|| "stop".into());
     let logprobs = if prepared.logprobs.is_some() {
-        logprobs_json(prepared.endpoint, &tokens, &mut 0)
+        logprobs_json(prepared.endpoint, &tokens, &mut TextOffset::default())
     } else {
         Value::Null
     };
@@ -786,7 +832,7 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
     // The state: where the stream is, the first chunk still to send, and (completions'
     // `text_offset`) how many characters the tokens sent so far hold.
     let events = futures::stream::unfold(
-        (State::Start(stream.stream), first, 0usize),
+        (State::Start(stream.stream), first, TextOffset::default()),
         move |(state, first, mut offset)| {
             let chunk = chunk.clone();
             async move {
@@ -916,5 +962,22 @@ mod tests {
         let response = error_response(&quota);
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "3");
+    }
+
+    #[test]
+    fn a_character_split_over_tokens_counts_once_in_text_offsets() {
+        let mut offset = TextOffset::default();
+        let text = "a语b";
+        let bytes = text.as_bytes();
+        // "a", the first byte of 语, its last two with "b", then "!".
+        let tokens: [&[u8]; 4] = [&bytes[..1], &bytes[1..2], &bytes[2..], b"!"];
+        let offsets: Vec<usize> = tokens.iter().map(|t| offset.advance(t)).collect();
+        assert_eq!(offsets, [0, 1, 1, 3]);
+        assert_eq!(offset.chars, text.chars().count() + 1);
+        // Bytes that are not UTF-8 are one replacement character each, as the text shows them.
+        let mut offset = TextOffset::default();
+        assert_eq!(offset.advance(b"\xff"), 0);
+        assert_eq!(offset.advance(b"x"), 1);
+        assert_eq!(offset.advance(b""), 2);
     }
 }
