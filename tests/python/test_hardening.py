@@ -772,9 +772,15 @@ def _stalled_echo(srv, elements: int):
 
 @pytest.fixture(scope="module")
 def writing_server(tmp_path_factory):
-    """`slow_echo` over inputs of any length, with 40 MB for what the front-ends hold."""
+    """`slow_echo` over inputs of any length and `guest_big_output`, with 40 MB for what the
+    front-ends hold."""
     repo = tmp_path_factory.mktemp("writing") / "repository"
     _slow_echo_any_length(repo)
+    # A 4-byte request whose answer is as many MiB as -X, up to 32.
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "model_repository"
+    shutil.copytree(fixture / "guest_big_output", repo / "guest_big_output")
+    config = repo / "guest_big_output" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"524288"', '"33554432"'))
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
                                        "--http-max-buffered-bytes", "40000000"])
     try:
@@ -863,6 +869,15 @@ def test_grpc_answers_a_client_grants_no_window_for_are_held_within_the_same_byt
         _wait_until_held(srv, executed + 2)
         refused = _held_until_refused(srv)
         assert "--http-max-buffered-bytes" in refused.message(), refused
+        # A gRPC answer that does not fit ends its call with UNAVAILABLE, naming the flag (a
+        # reset stream, as before, reached the client as INTERNAL).
+        x = grpcclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[-12.0]], dtype=np.float32))
+        with grpcclient.InferenceServerClient(f"{srv.host}:{srv.grpc_port}") as c:
+            with pytest.raises(InferenceServerException) as refused:
+                c.infer("guest_big_output", [x])
+        assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
+        assert "--http-max-buffered-bytes" in refused.value.message(), refused.value
     finally:
         h2c.close()
     wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0, timeout=20)

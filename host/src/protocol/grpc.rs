@@ -788,7 +788,7 @@ where
                 Err(frame) => frame,
             });
             // Response messages a client has not taken stay in the budget for buffered bytes.
-            let mut body = WrittenBody::new(tonic::body::Body::new(body), writing);
+            let mut body = WrittenBody::new(tonic::body::Body::new(body), writing).grpc();
             if let Some(closer) = closer {
                 body = body.watched(closer, send_timeout);
             }

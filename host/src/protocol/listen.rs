@@ -600,6 +600,11 @@ pub struct WrittenBody<B> {
     /// On an HTTP/2 connection: closes it when a held frame makes no progress for the send
     /// timeout (see [`ConnectionCloser`]).
     stall: Option<(ConnectionCloser, Duration)>,
+    /// A gRPC answer: a frame that does not fit ends the call with UNAVAILABLE trailers (a
+    /// failed body would reset the stream, which clients report as INTERNAL).
+    grpc: bool,
+    /// The body ended early with its own trailers.
+    ended: bool,
 }
 
 /// A frame's place in the budget, with how many of its slices were written.
@@ -636,6 +641,8 @@ impl<B> WrittenBody<B> {
             prepaid: None,
             current: None,
             stall: None,
+            grpc: false,
+            ended: false,
         }
     }
 
@@ -643,6 +650,12 @@ impl<B> WrittenBody<B> {
     /// `timeout` (HTTP/2, where [`Sending`] does not see a stream stopped by its window).
     pub fn watched(mut self, closer: ConnectionCloser, timeout: Duration) -> WrittenBody<B> {
         self.stall = Some((closer, timeout));
+        self
+    }
+
+    /// For a gRPC answer: see the `grpc` field.
+    pub fn grpc(mut self) -> WrittenBody<B> {
+        self.grpc = true;
         self
     }
 
@@ -660,6 +673,8 @@ impl<B> WrittenBody<B> {
                 prepaid: Some(permit),
                 current: None,
                 stall: None,
+                grpc: false,
+                ended: false,
             }),
             None => Err((inner, ResponseOverBudget(size))),
         }
@@ -679,6 +694,9 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
         loop {
             if let Some((data, held)) = &mut this.current {
                 let slice = HeldSlice {
@@ -706,8 +724,18 @@ where
                 None => match this.budget.try_reserve(data.len() as u64) {
                     Some(permit) => permit,
                     None => {
-                        tracing::warn!("{}", ResponseOverBudget(data.len()));
-                        return Poll::Ready(Some(Err(Box::new(ResponseOverBudget(data.len())))));
+                        let over = ResponseOverBudget(data.len());
+                        tracing::warn!("{over}");
+                        if this.grpc {
+                            this.ended = true;
+                            let mut trailers = http::HeaderMap::new();
+                            let status = tonic::Status::unavailable(over.to_string());
+                            if status.add_header(&mut trailers).is_err() {
+                                return Poll::Ready(Some(Err(Box::new(over))));
+                            }
+                            return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+                        }
+                        return Poll::Ready(Some(Err(Box::new(over))));
                     }
                 },
             };
@@ -734,7 +762,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.current.is_none() && self.inner.is_end_stream()
+        self.ended || (self.current.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -819,6 +847,16 @@ mod tests {
         let mut streamed = WrittenBody::new(body(200 * 1024), budget.clone());
         let failed = streamed.frame().await.expect("a frame");
         assert!(failed.is_err_and(|e| e.to_string().contains("--http-max-buffered-bytes")));
+        // A gRPC answer ends with UNAVAILABLE trailers instead, and nothing after them.
+        let mut grpc = WrittenBody::new(body(200 * 1024), budget.clone()).grpc();
+        let trailers = grpc
+            .frame()
+            .await
+            .and_then(|f| f.ok())
+            .and_then(|f| f.into_trailers().ok())
+            .expect("trailers");
+        assert_eq!(trailers["grpc-status"], "14");
+        assert!(grpc.frame().await.is_none() && http_body::Body::is_end_stream(&grpc));
         // A prepaid body is charged once.
         let mut prepaid =
             WrittenBody::prepaid(body(80 * 1024), budget.clone(), 80 * 1024).expect("fits");
