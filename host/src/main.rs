@@ -778,6 +778,7 @@ async fn serve(args: RepositoryArgs, serve: ServeArgs) -> anyhow::Result<()> {
         let (mut grpc_stopped, mut drain_started) = (stopped.clone(), stopped.clone());
         let exit_timeout = connections.exit_timeout;
         let bounds = tessera::protocol::grpc::GrpcBoundsLayer {
+            server: server.clone(),
             reading: reading.clone(),
             max_message: serve.http_max_input_size,
             message_timeout: connections.body_read_timeout,

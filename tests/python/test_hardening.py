@@ -592,7 +592,8 @@ class _H2Grpc:
 
     def start_message(self, declared: int, sent: int, message: bytes | None = None,
                       end: bool = True, before: bytes = b"",
-                      method: str = "ModelInfer") -> int:
+                      method: str = "ModelInfer",
+                      metadata: tuple[tuple[str, str], ...] = ()) -> int:
         """Opens a `method` call whose message declares `declared` bytes and sends `sent`
         (of `message`, else filler), after the whole messages in `before`, all at once; a
         whole message ends the call's request if `end`."""
@@ -602,7 +603,8 @@ class _H2Grpc:
         self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
                                      (":authority", "tessera"),
                                      (":path", f"/inference.GRPCInferenceService/{method}"),
-                                     ("content-type", "application/grpc"), ("te", "trailers")])
+                                     ("content-type", "application/grpc"), ("te", "trailers"),
+                                     *metadata])
         self.headers[sid] = {}
         payload = message[:sent] if message is not None else b"\x0a" * sent
         data = memoryview(before + struct.pack(">BI", 0, declared) + payload)

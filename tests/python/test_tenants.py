@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import MODEL_REPOSITORY, binary, launch, stop
+from conftest import MODEL_REPOSITORY, binary, launch, stop, wait_for
 
 ADMIN_KEY = "pytest-admin-key-0123456789"
 
@@ -175,6 +175,40 @@ def test_grpc_takes_the_same_keys(tenancy):
         assert grpc.is_server_live()  # health stays open
     finally:
         grpc.close()
+
+
+def test_a_grpc_caller_without_a_key_holds_no_buffered_bytes(tenancy):
+    """The key is read before any message: a call without a valid one that begins a 3 MB
+    message ends with UNAUTHENTICATED at its prefix, holding nothing, while the same message
+    from a tenant is held as it is read (and ends with the call)."""
+    import http.client
+
+    from test_hardening import _H2Grpc
+
+    srv, _, keys = tenancy
+
+    def buffered() -> float:
+        conn = http.client.HTTPConnection(srv.host, srv.metrics_port, timeout=10)
+        conn.request("GET", "/metrics", headers=bearer(ADMIN_KEY))
+        text = conn.getresponse().read().decode()
+        conn.close()
+        return next(float(line.split()[1]) for line in text.splitlines()
+                    if line.startswith("tessera_buffered_bytes "))
+
+    h2c = _H2Grpc(srv)
+    try:
+        for metadata in ((), (("authorization", "Bearer tsk_nobody_x"),)):
+            sid = h2c.start_message(3_000_000, 1_000, metadata=metadata)
+            answer = h2c.status(sid, timeout=10)
+            assert answer.get("grpc-status") == "16", answer
+            assert buffered() == 0
+        tenant = (("authorization", f"Bearer {keys['acme']}"),)
+        sid = h2c.start_message(3_000_000, 1_000, metadata=tenant)
+        wait_for(lambda: buffered() >= 3_000_000, timeout=10)
+        assert "grpc-status" not in h2c.headers[sid]
+    finally:
+        h2c.close()
+    wait_for(lambda: buffered() == 0, timeout=10)
 
 
 def test_shared_memory_is_the_operators(tenancy):

@@ -106,6 +106,9 @@ use tessera_core::kserve::parse_model_version as parse_version;
 impl Grpc {
     /// Who sent `request` (its `authorization` metadata); without tenancy, the operator.
     fn principal<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
+        if let Some(Caller(caller)) = request.extensions().get::<Caller>() {
+            return caller.clone();
+        }
         let header = request
             .metadata()
             .get("authorization")
@@ -694,9 +697,13 @@ pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 /// status messages ([`tessera_core::infer::MAX_ERROR_MESSAGE_BYTES`], since clients drop a
 /// response whose header is too large and report only "stream removed"), and the code of an
 /// oversized message (tonic says OUT_OF_RANGE; gRPC's status table and Triton say
-/// RESOURCE_EXHAUSTED).
-#[derive(Clone, Debug)]
+/// RESOURCE_EXHAUSTED). It also reads the caller's key, before any message: a caller without a
+/// valid one may send messages of [`UNAUTHENTICATED_MESSAGE_BYTES`] at most (what the open
+/// health and liveness calls need), so that no one without a key holds buffered bytes.
+#[derive(Clone)]
 pub struct GrpcBoundsLayer {
+    /// The server, for its tenants' keys.
+    pub server: Arc<Server>,
     /// Request bodies being read at once, shared with HTTP/1 (`--http-max-buffered-bytes`).
     pub reading: ByteBudget,
     /// The largest message tonic decodes; a longer one is left for tonic to refuse.
@@ -718,7 +725,7 @@ impl<S> tower_layer::Layer<S> for GrpcBoundsLayer {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GrpcBounds<S> {
     inner: S,
     bounds: GrpcBoundsLayer,
@@ -757,6 +764,16 @@ where
             return Box::pin(async move { Ok(status.into_http()) });
         }
         let bounds = &self.bounds;
+        let caller = Caller(
+            bounds
+                .server
+                .tenants()
+                .authenticate(request.headers().get("authorization").map(|v| v.as_bytes()))
+                .map_err(|e| Status::unauthenticated(e.to_string())),
+        );
+        let unauthenticated = caller.0.as_ref().err().cloned();
+        let mut request = request;
+        request.extensions_mut().insert(caller);
         // Only ModelStreamInfer takes a stream of messages; every other call takes one.
         let unary = !request.uri().path().ends_with("/ModelStreamInfer");
         let closer = request
@@ -764,13 +781,14 @@ where
             .get::<GrpcConnection>()
             .map(|connection| connection.closer.clone());
         let request = request.map(|body| {
-            let budget = MessageBudget::new(
+            let mut budget = MessageBudget::new(
                 body,
                 bounds.reading.clone(),
                 bounds.max_message,
                 bounds.message_timeout,
                 closer.clone(),
             );
+            budget.unauthenticated = unauthenticated;
             tonic::body::Body::new(if unary { budget.unary() } else { budget })
         });
         let answer = self.inner.call(request);
@@ -831,6 +849,9 @@ pub struct MessageBudget<B> {
     held: Option<Held>,
     /// The connection, for the deadline when the body is not polled.
     closer: Option<ConnectionCloser>,
+    /// Why the caller has no valid key, if it has none: its messages may not be larger than
+    /// [`UNAUTHENTICATED_MESSAGE_BYTES`].
+    unauthenticated: Option<Status>,
     /// A unary call: its one message stays held, under the same deadline, until the request
     /// ends (tonic keeps the decoded message while it waits for the end of the stream, so a
     /// client that never ended it held the message for good).
@@ -844,6 +865,16 @@ struct Held {
     /// Closes the connection a little after the deadline if the body is not polled by then.
     _watchdog: Option<Watchdog>,
 }
+
+/// The largest message a caller without a valid key may send (health and liveness calls,
+/// which are open to all, need a few bytes); a larger one ends the call with UNAUTHENTICATED
+/// before it is read.
+pub const UNAUTHENTICATED_MESSAGE_BYTES: u64 = 64 * 1024;
+
+/// Who called, as [`GrpcBounds`] found it from the call's `authorization` metadata before
+/// reading any message (request extensions).
+#[derive(Clone)]
+struct Caller(Result<Principal, Status>);
 
 /// How long after a message's deadline its connection is closed if the call has not failed on
 /// its own (its body was not polled).
@@ -868,6 +899,7 @@ impl<B> MessageBudget<B> {
             unreserved: None,
             held: None,
             closer,
+            unauthenticated: None,
             unary: false,
         }
     }
@@ -907,6 +939,11 @@ impl<B> MessageBudget<B> {
             self.prefix_seen = 0;
             let [_, a, b, c, d] = self.prefix;
             self.remaining = u64::from(u32::from_be_bytes([a, b, c, d]));
+            if let Some(status) = &self.unauthenticated
+                && self.remaining > UNAUTHENTICATED_MESSAGE_BYTES
+            {
+                return Err(status.clone());
+            }
             // tonic refuses a message over its limit as soon as it reads the prefix.
             if self.remaining == 0 || self.remaining > self.max_message as u64 {
                 continue;
