@@ -123,6 +123,9 @@ pub struct ModelEntry {
     explicit: bool,
     /// Models this one calls: ensemble steps and `tessera.depends_on`.
     dependencies: Vec<String>,
+    /// An ensemble one of whose steps was unloaded: UNAVAILABLE until that step loads again,
+    /// when it is planned again.
+    missing_step: Option<String>,
 }
 
 impl ModelEntry {
@@ -575,13 +578,15 @@ impl Repository {
     }
 
     /// True when every version of every model that should serve is READY (Triton's strict
-    /// readiness; models unloaded on request do not count).
+    /// readiness; models unloaded on request, and ensembles waiting for a step unloaded on
+    /// request, do not count).
     pub fn all_ready(&self) -> bool {
         self.read().values().all(|e| {
             e.error.is_none()
                 && e.versions.values().all(|s| {
                     s.state == ModelState::Ready
-                        || s.state == ModelState::Unavailable && s.reason == UNLOADED
+                        || s.state == ModelState::Unavailable
+                            && (s.reason == UNLOADED || e.missing_step.is_some())
                 })
         })
     }
@@ -606,6 +611,22 @@ fn mark_unloaded(entry: &mut ModelEntry) {
         status.model = None;
     }
     entry.explicit = false;
+    entry.missing_step = None;
+}
+
+/// Makes an ensemble UNAVAILABLE while its step `step` is not loaded, in Triton's words; it
+/// keeps what it needs to be planned again when the step comes back.
+fn mark_missing_step(entry: &mut ModelEntry, step: &str) {
+    let reason = format!(
+        "ensemble contains models that are not available: {}",
+        crate::namespace::shown(step)
+    );
+    for status in entry.versions.values_mut() {
+        status.state = ModelState::Unavailable;
+        status.reason = reason.clone();
+        status.model = None;
+    }
+    entry.missing_step = Some(step.to_owned());
 }
 
 /// Models a configuration calls: its ensemble steps and its `tessera.depends_on` parameter.
@@ -984,7 +1005,7 @@ impl Control<'_> {
                 .iter()
                 .filter(|(_, e)| {
                     e.kind == Some(BackendKind::Ensemble)
-                        && e.has_ready()
+                        && (e.has_ready() || e.missing_step.is_some())
                         && e.dependencies.contains(&name)
                 })
                 .map(|(n, e)| (n.clone(), e.clone()))
@@ -1022,9 +1043,10 @@ impl Control<'_> {
     }
 
     /// Unloads `name`: new requests find it UNAVAILABLE, queued ones finish. With
-    /// `unload_dependents`, models that call it are unloaded too; models it called that were
-    /// loaded only for it (not on request) are unloaded with it, as in Triton. Returns the
-    /// models unloaded.
+    /// `unload_dependents`, models that call it are unloaded too; without, ensembles that call it
+    /// are UNAVAILABLE until it loads again (then they are planned again and serve), as in
+    /// Triton. Models it called that were loaded only for it (not on request) are unloaded with
+    /// it, as in Triton. Returns the models unloaded.
     pub fn unload<'a>(
         &'a self,
         name: &'a str,
@@ -1059,6 +1081,8 @@ impl Control<'_> {
                 for d in dependents {
                     unloaded.extend(self.unload(&d, true).await?);
                 }
+            } else {
+                self.hold_ensembles_missing(name);
             }
             for dep in &entry.dependencies {
                 let table = self.repo.read();
@@ -1073,6 +1097,30 @@ impl Control<'_> {
             }
             Ok(unloaded)
         })
+    }
+
+    /// Makes every ready ensemble that calls `step`, directly or through other ensembles,
+    /// UNAVAILABLE until it loads again.
+    fn hold_ensembles_missing(&self, step: &str) {
+        let mut missing = vec![step.to_owned()];
+        while let Some(step) = missing.pop() {
+            self.repo.update(|t| {
+                for (name, entry) in t.iter_mut() {
+                    if entry.kind == Some(BackendKind::Ensemble)
+                        && entry.has_ready()
+                        && entry.dependencies.contains(&step)
+                    {
+                        tracing::warn!(
+                            model = %name,
+                            "unavailable until '{}' loads again",
+                            crate::namespace::shown(&step)
+                        );
+                        mark_missing_step(entry, &step);
+                        missing.push(name.clone());
+                    }
+                }
+            });
+        }
     }
 
     /// Forgets `name` entirely (a deleted tenant's model): unlike an unload, it no longer shows

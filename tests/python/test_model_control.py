@@ -136,6 +136,31 @@ def test_unload_dependents(explicit):
     assert client.is_model_ready("add_sub")
 
 
+def test_an_ensemble_whose_step_is_unloaded_is_unavailable_until_the_step_returns(explicit):
+    """Unloading a step without its dependents leaves the ensemble UNAVAILABLE, saying which
+    step is missing (as Triton), rather than READY and failing at the step; loading the step
+    again brings the ensemble back without being asked."""
+    _, client = explicit
+    client.load_model("add_sub_twice")
+    client.unload_model("add_sub")
+    assert not client.is_model_ready("add_sub_twice")
+    rows = [r for r in client.get_model_repository_index() if r["name"] == "add_sub_twice"]
+    assert rows and rows[0]["state"] == "UNAVAILABLE", rows
+    assert rows[0]["reason"] == "ensemble contains models that are not available: add_sub", rows
+    with pytest.raises(InferenceServerException) as refused:
+        infer_add_sub(client, "add_sub_twice", A, B, names=("A", "B"),
+                      outputs=("TWICE_A", "TWICE_B"))
+    assert "not available: add_sub" in refused.value.message(), refused.value
+    assert client.is_server_ready(), "a model unloaded on request does not make it unready"
+    client.load_model("add_sub")
+    assert client.is_model_ready("add_sub_twice")
+    twice_a, _ = infer_add_sub(client, "add_sub_twice", A, B, names=("A", "B"),
+                               outputs=("TWICE_A", "TWICE_B"))
+    np.testing.assert_allclose(twice_a, 2 * A)
+    client.unload_model("add_sub_twice")
+    assert not client.is_model_ready("add_sub_wasm")
+
+
 def test_load_with_a_config_override(explicit):
     _, client = explicit
     config = client.get_model_config("add_sub")
