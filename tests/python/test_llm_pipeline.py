@@ -410,22 +410,32 @@ def test_a_client_leaving_a_unary_generation_frees_its_engine_slot(server, path,
                  timeout=3)
 
 
-@pytest.mark.parametrize("body, says", [
-    (b"{not json", "not a valid request"),
-    ({"model": BLS}, "'messages' is required"),
-    ({"model": BLS, "messages": []}, "must not be empty"),
-    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "n": 3}, "n and best_of"),
-    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
-    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "temperature": -2}, "temperature"),
-    ({"model": BLS, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, "request_output_len"),
-    ({"model": BLS, "messages": [{"role": "user", "content": "word " * 3000}]}, "context per sequence"),
-    ({"model": "tensorrt_llm", "messages": [{"role": "user", "content": "hi"}]}, "does not serve"),
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("body, says, param", [
+    (b"{not json", "not a valid request", None),
+    ({"model": BLS}, "'messages' is required", None),
+    ({"model": BLS, "messages": []}, "must not be empty", None),
+    ({"model": BLS, "messages": HI, "n": 3}, "n and best_of", "n"),
+    ({"model": BLS, "messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
+    ({"model": BLS, "messages": HI, "temperature": -2}, "temperature", "temperature"),
+    # Refused by the engine, in the engine's words (request_output_len, runtime_top_p), which
+    # the BLS model puts back into its own input names, which are OpenAI's.
+    ({"model": BLS, "messages": HI, "max_tokens": 100000}, "max_tokens must", "max_tokens"),
+    ({"model": BLS, "messages": HI, "top_p": 1.5}, "top_p must", "top_p"),
+    ({"model": BLS, "messages": [{"role": "user", "content": "word " * 3000}]},
+     "context per sequence", None),
+    ({"model": "tensorrt_llm", "messages": HI}, "does not serve", None),
 ])
-def test_bad_openai_requests_get_a_400_with_the_reason(server, body, says):
+def test_bad_openai_requests_get_a_400_with_the_reason(server, body, says, param):
     status, answer = post(server, "/v1/chat/completions", body)
     assert status == 400, answer
     assert says in answer["error"]["message"], answer
     assert answer["error"]["type"] == "invalid_request_error"
+    assert answer["error"]["param"] == param, answer
+    for engine_name in ("request_output_len", "runtime_top"):
+        assert engine_name not in answer["error"]["message"], answer
 
 
 def test_an_unknown_model_is_a_404_and_invalid_utf8_a_400(server, openai_client):

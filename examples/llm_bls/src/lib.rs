@@ -74,6 +74,19 @@ const SAMPLING: &[(&str, &str)] = &[
     ("min_tokens", "min_length"),
 ];
 
+/// An engine's error in this model's own input names: the engine names its inputs
+/// (`request_output_len`, `runtime_top_p`, ...), the caller knows only ours.
+fn in_our_names(e: Error) -> Error {
+    let renamed = SAMPLING
+        .iter()
+        .chain(&[("max_tokens", "request_output_len")])
+        .filter(|(ours, theirs)| ours != theirs)
+        .fold(e.message().to_owned(), |message, (ours, theirs)| {
+            message.replace(theirs, ours)
+        });
+    Error::new(e.kind(), renamed)
+}
+
 fn utf8(tensor: &Tensor) -> Result<String, Error> {
     let values = tensor.as_bytes_elements()?;
     let first = values
@@ -161,7 +174,8 @@ impl Bls {
                 engine = engine.input(t.clone().renamed(*theirs).reshaped([1, 1]));
             }
         }
-        let engine = tessera_guest::infer_stream(&self.engine, None, engine.build())?;
+        let engine = tessera_guest::infer_stream(&self.engine, None, engine.build())
+            .map_err(in_our_names)?;
         Ok(Generation {
             sender: None,
             engine,
@@ -191,7 +205,7 @@ impl Bls {
                 Polled::Pending => return false,
                 Polled::Ready(Ok(response)) => response,
                 Polled::Ready(Err(e)) => {
-                    g.end(Err(e));
+                    g.end(Err(in_our_names(e)));
                     return true;
                 }
                 Polled::Ended => {

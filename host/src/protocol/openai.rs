@@ -151,7 +151,7 @@ pub fn error_response(e: &InferError) -> Response {
         "error": {
             "message": crate::infer::bounded(&e.message, crate::infer::MAX_ERROR_MESSAGE_BYTES),
             "type": error_type(e.kind),
-            "param": null,
+            "param": param_of(e),
             "code": null,
         }
     });
@@ -164,6 +164,38 @@ pub fn error_response(e: &InferError) -> Response {
             .insert(axum::http::header::RETRY_AFTER, value);
     }
     response
+}
+
+/// The request field a refusal is about (OpenAI's `param`), when its message begins with one.
+fn param_of(e: &InferError) -> Option<&'static str> {
+    const FIELDS: &[&str] = &[
+        "max_completion_tokens",
+        "max_tokens",
+        "min_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "stop",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "messages",
+        "prompt",
+        "stream_options",
+    ];
+    if e.kind != ErrorKind::InvalidArgument {
+        return None;
+    }
+    FIELDS.iter().copied().find(|field| {
+        e.message
+            .strip_prefix(field)
+            .is_some_and(|rest| rest.starts_with(' '))
+    })
 }
 
 /// OpenAI's `type` of an error of `kind`, in an answer and in a stream's error event alike.
@@ -962,6 +994,19 @@ mod tests {
         let response = error_response(&quota);
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "3");
+    }
+
+    #[test]
+    fn a_refusal_names_the_field_it_is_about() {
+        let param = |message: &str| param_of(&InferError::invalid(message));
+        assert_eq!(param("top_p must be in (0, 1], got 2"), Some("top_p"));
+        assert_eq!(param("top_k must be a whole number"), Some("top_k"));
+        assert_eq!(
+            param("n and best_of other than 1 are not supported"),
+            Some("n")
+        );
+        assert_eq!(param("the prompt of 3001 tokens"), None);
+        assert_eq!(param_of(&InferError::internal("top_p went wrong")), None);
     }
 
     #[test]
