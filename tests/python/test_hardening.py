@@ -702,6 +702,91 @@ def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_serv
     assert status == 400, status
 
 
+def _idle_h2(srv):
+    """A raw HTTP/2 connection to the gRPC port that starts HTTP/2 and opens no call."""
+    import socket
+
+    import h2.config
+    import h2.connection
+
+    sock = socket.create_connection((srv.host, srv.grpc_port), timeout=10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    return sock
+
+
+def _closed_within(sock, seconds: float) -> bool:
+    """Whether the server closes `sock` within `seconds` (whatever it sent before)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            if not sock.recv(65536):
+                return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+    return False
+
+
+def test_idle_connections_give_their_slots_to_new_clients(tmp_path):
+    """With every slot of --max-connections (8 here) held by idle connections (HTTP/2 ones
+    that opened no call, HTTP/1 ones that sent nothing), a new client is served at once: the
+    connection idle the longest is closed for it. (Before, idle HTTP/2 connections held the
+    gRPC port for good, and idle HTTP/1 ones the HTTP port until the header timeout.) A
+    connection with a request in progress is never the one closed: eight requests in flight
+    all finish, and a new client waits for one of them."""
+    import socket
+    import threading
+    import time
+
+    repo = tmp_path / "repository"
+    _slow_echo_any_length(repo)
+    srv, proc, log = launch(binary(), ["--model-repository", str(repo),
+                                       "--max-connections", "8"])
+    idle = []
+    try:
+        idle = [_idle_h2(srv) for _ in range(8)]
+        time.sleep(0.5)  # all eight accepted and holding their slots
+        started = time.monotonic()
+        x = grpcclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[3.0]], dtype=np.float32))
+        with grpcclient.InferenceServerClient(f"{srv.host}:{srv.grpc_port}") as c:
+            answer = c.infer("slow_echo", [x], client_timeout=10).as_numpy("Y")
+        assert answer.tolist() == [[3.0]]
+        assert time.monotonic() - started < 5
+        assert _closed_within(idle[0], 5), "the longest-idle connection is the one closed"
+
+        idle += [socket.create_connection((srv.host, srv.http_port)) for _ in range(8)]
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert _echo_http(srv, 4)[0] == 200
+        assert time.monotonic() - started < 5, "waited for the header timeout instead"
+        for sock in idle:
+            sock.close()
+        idle = []
+
+        outcomes = []
+        busy = [threading.Thread(target=lambda: outcomes.append(
+            _echo_http(srv, 4, delay_ms=1500)[0])) for _ in range(8)]
+        for t in busy:
+            t.start()
+        wait_for(lambda: metric(srv, "tessera_inflight_requests") >= 7, timeout=10)
+        time.sleep(0.3)
+        assert _echo_http(srv, 4)[0] == 200
+        for t in busy:
+            t.join(timeout=60)
+        assert outcomes == [200] * 8, outcomes
+    finally:
+        for sock in idle:
+            sock.close()
+        stop(proc, log)
+
+
 def _grpc_message(request) -> bytes:
     """A gRPC length-prefixed message holding `request`."""
     import struct

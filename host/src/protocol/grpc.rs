@@ -21,7 +21,9 @@ use crate::api::{StatsSnapshot, Tally};
 use crate::infer::InferError;
 use crate::limits::ByteBudget;
 use crate::protocol::kserve::RegionReader;
-use crate::protocol::listen::{ConnectionCloser, GrpcConnection, Watchdog, WrittenBody};
+use crate::protocol::listen::{
+    ConnectionCloser, ConnectionState, GrpcConnection, TrackedBody, Watchdog, WrittenBody,
+};
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod pb {
@@ -776,10 +778,13 @@ where
         request.extensions_mut().insert(caller);
         // Only ModelStreamInfer takes a stream of messages; every other call takes one.
         let unary = !request.uri().path().ends_with("/ModelStreamInfer");
-        let closer = request
+        let connection = request
             .extensions()
             .get::<GrpcConnection>()
-            .map(|connection| connection.closer.clone());
+            .map(|connection| connection.state.clone());
+        let closer = connection.as_ref().map(|state| state.closer.clone());
+        // The call is in progress on its connection until its response is dropped.
+        let in_progress = connection.as_ref().map(ConnectionState::begin);
         let request = request.map(|body| {
             let mut budget = MessageBudget::new(
                 body,
@@ -810,6 +815,10 @@ where
             if let Some(closer) = closer {
                 body = body.watched(closer, send_timeout);
             }
+            let body = match in_progress {
+                Some(in_progress) => tonic::body::Body::new(TrackedBody::new(body, in_progress)),
+                None => tonic::body::Body::new(body),
+            };
             Ok(http::Response::from_parts(
                 parts,
                 tonic::body::Body::new(body),

@@ -3,8 +3,12 @@
 //! A client must not be able to hold the server's resources by being slow, and a slow or idle
 //! client must not keep the server from exiting:
 //!
-//! - **Connections per listener** are bounded (`--max-connections`): past the bound the listener
-//!   stops accepting (new connections wait in the kernel's backlog) until one closes.
+//! - **Connections per listener** are bounded (`--max-connections`). When every slot is taken
+//!   and a new client connects, the connection idle the longest (no request in progress: an
+//!   HTTP/1 keep-alive connection, one still trickling its headers, an HTTP/2 connection with no
+//!   call open) is closed for it ([`Slots`]); when none is idle, the new client waits in the
+//!   kernel's backlog until one closes. Idle connections are legitimate (clients pool them) but
+//!   must not keep new clients out: 4,096 idle HTTP/2 connections held the gRPC port for good.
 //! - **HTTP/1 request headers** must arrive within `--http-header-read-timeout-secs` (hyper's
 //!   own timer, which also closes a keep-alive connection left idle that long), and a **request
 //!   body** within `--http-body-read-timeout-secs` of the request ([`DeadlineBody`]; 408).
@@ -33,7 +37,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -48,27 +51,47 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Accepts the next connection while a permit is free; None once `stop` is set.
+/// The next connection to serve, with its slot; None once `stop` is set. With every slot taken,
+/// a client that connects gets the slot of the connection idle the longest ([`Slots::shed`]),
+/// or waits for one to close.
 async fn accept(
     listener: &TcpListener,
-    permits: &Arc<Semaphore>,
+    slots: &Slots,
     stop: &watch::Receiver<bool>,
 ) -> Option<(TcpStream, OwnedSemaphorePermit)> {
-    let permit = tokio::select! {
-        permit = permits.clone().acquire_owned() => permit.ok()?,
-        () = stopped(stop.clone()) => return None,
+    let free = slots.permits.clone().try_acquire_owned().ok();
+    let (tcp, permit) = match free {
+        Some(permit) => (accept_one(listener, stop).await?, permit),
+        None => tokio::select! {
+            permit = slots.permits.clone().acquire_owned() => {
+                (accept_one(listener, stop).await?, permit.ok()?)
+            }
+            tcp = accept_one(listener, stop) => {
+                let tcp = tcp?;
+                slots.shed();
+                let permit = tokio::select! {
+                    permit = slots.permits.clone().acquire_owned() => permit.ok()?,
+                    () = stopped(stop.clone()) => return None,
+                };
+                (tcp, permit)
+            }
+            () = stopped(stop.clone()) => return None,
+        },
     };
+    // Without TCP_NODELAY, an answer written in parts waits on the client's delayed ACK
+    // (40 ms).
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("cannot set TCP_NODELAY: {e}");
+    }
+    Some((tcp, permit))
+}
+
+/// The next connection from `listener`; None once `stop` is set.
+async fn accept_one(listener: &TcpListener, stop: &watch::Receiver<bool>) -> Option<TcpStream> {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => {
-                    // Without TCP_NODELAY, an answer written in parts waits on the client's
-                    // delayed ACK (40 ms).
-                    if let Err(e) = tcp.set_nodelay(true) {
-                        tracing::debug!("cannot set TCP_NODELAY: {e}");
-                    }
-                    return Some((tcp, permit));
-                }
+                Ok((tcp, _)) => return Some(tcp),
                 // Out of file descriptors, or a connection reset before it was accepted: the
                 // listener itself is fine; pause so an exhausted process does not spin.
                 Err(e) => {
@@ -81,6 +104,145 @@ async fn accept(
     }
 }
 
+/// One listener's connection slots (`--max-connections`) and the connections holding them.
+#[derive(Clone)]
+pub struct Slots {
+    permits: Arc<Semaphore>,
+    open: Arc<std::sync::Mutex<Vec<std::sync::Weak<ConnectionState>>>>,
+}
+
+impl Slots {
+    fn new(max_connections: usize) -> Slots {
+        Slots {
+            permits: Arc::new(Semaphore::new(max_connections.max(1))),
+            open: Arc::default(),
+        }
+    }
+
+    /// A newly accepted connection's state, counted among the open ones.
+    fn register(&self) -> Arc<ConnectionState> {
+        let state = Arc::new(ConnectionState::default());
+        if let Ok(mut open) = self.open.lock() {
+            open.retain(|c| c.strong_count() > 0);
+            open.push(Arc::downgrade(&state));
+        }
+        state
+    }
+
+    /// Closes the connection idle the longest, if one is idle, so that a new client gets its
+    /// slot once it is gone.
+    fn shed(&self) {
+        let Ok(mut open) = self.open.lock() else {
+            return;
+        };
+        open.retain(|c| c.strong_count() > 0);
+        let idlest = open
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|c| c.active.load(Ordering::Acquire) == 0 && !c.closer.is_closed())
+            .min_by_key(|c| c.idle_since.load(Ordering::Relaxed));
+        drop(open);
+        match idlest {
+            Some(connection) => connection.closer.close(
+                "idle while every connection slot (--max-connections) was taken and a new \
+                 client connected"
+                    .into(),
+            ),
+            None => tracing::warn!(
+                "every connection slot (--max-connections) holds a request in progress: a new \
+                 client waits for one"
+            ),
+        }
+    }
+}
+
+/// Milliseconds since the first connection of the process, for ordering idle connections.
+fn clock_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    u64::try_from(
+        START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX)
+}
+
+/// What a connection is doing: requests in progress (from their start until their response's
+/// body is dropped) and since when it has had none.
+pub struct ConnectionState {
+    active: std::sync::atomic::AtomicUsize,
+    idle_since: AtomicU64,
+    pub closer: ConnectionCloser,
+}
+
+impl Default for ConnectionState {
+    fn default() -> ConnectionState {
+        ConnectionState {
+            active: std::sync::atomic::AtomicUsize::new(0),
+            idle_since: AtomicU64::new(clock_ms()),
+            closer: ConnectionCloser::default(),
+        }
+    }
+}
+
+impl ConnectionState {
+    /// Counts a request in progress until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> InProgress {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        InProgress(self.clone())
+    }
+}
+
+/// A request in progress on a connection (see [`ConnectionState::begin`]).
+pub struct InProgress(Arc<ConnectionState>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.idle_since.store(clock_ms(), Ordering::Relaxed);
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted as in progress until it is dropped (written,
+/// or its connection gone).
+pub struct TrackedBody<B> {
+    inner: B,
+    _in_progress: InProgress,
+}
+
+impl<B> TrackedBody<B> {
+    pub fn new(inner: B, in_progress: InProgress) -> TrackedBody<B> {
+        TrackedBody {
+            inner,
+            _in_progress: in_progress,
+        }
+    }
+}
+
+impl<B> http_body::Body for TrackedBody<B>
+where
+    B: http_body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Serves HTTP/1 `app` on `listener` until `stop` is set, then drains (see the module doc).
 pub async fn serve_http(
     listener: TcpListener,
@@ -88,15 +250,34 @@ pub async fn serve_http(
     limits: ConnectionLimits,
     stop: watch::Receiver<bool>,
 ) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let slots = Slots::new(limits.max_connections);
     let app = app.layer(axum::middleware::from_fn_with_state(
         limits.body_read_timeout,
         body_deadline,
     ));
     let (close, closing) = watch::channel(false);
     let mut connections = JoinSet::new();
-    while let Some((tcp, permit)) = accept(&listener, &permits, &stop).await {
-        let service = TowerToHyperService::new(app.clone());
+    while let Some((tcp, permit)) = accept(&listener, &slots, &stop).await {
+        let state = slots.register();
+        let closer = state.closer.clone();
+        let app = app.clone();
+        // Each request counts as in progress on its connection until its response is dropped,
+        // so that only idle connections are shed.
+        let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
+            let in_progress = state.begin();
+            let mut router = app.clone();
+            async move {
+                std::future::poll_fn(|cx| {
+                    tower_service::Service::<axum::extract::Request>::poll_ready(&mut router, cx)
+                })
+                .await?;
+                let response =
+                    tower_service::Service::call(&mut router, request.map(Body::new)).await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| Body::new(TrackedBody::new(body, in_progress))),
+                )
+            }
+        });
         let closing = closing.clone();
         let header_read_timeout = limits.header_read_timeout;
         let send_timeout = limits.send_timeout;
@@ -106,8 +287,10 @@ pub async fn serve_http(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout);
-            let connection =
-                builder.serve_connection(TokioIo::new(Sending::new(tcp, send_timeout)), service);
+            let connection = builder.serve_connection(
+                TokioIo::new(Sending::new(tcp, send_timeout, closer)),
+                service,
+            );
             tokio::pin!(connection);
             tokio::select! {
                 served = connection.as_mut() => {
@@ -149,15 +332,17 @@ pub fn grpc_incoming(
     limits: &ConnectionLimits,
     stop: watch::Receiver<bool>,
 ) -> impl futures::Stream<Item = std::io::Result<Bounded>> + Send + 'static {
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let slots = Slots::new(limits.max_connections);
     let preface_timeout = limits.header_read_timeout;
     let send_timeout = limits.send_timeout;
     futures::stream::unfold(
-        (listener, permits, stop),
-        move |(listener, permits, stop)| async move {
-            let (tcp, permit) = accept(&listener, &permits, &stop).await?;
-            let connection = Bounded::new(Sending::new(tcp, send_timeout), permit, preface_timeout);
-            Some((Ok(connection), (listener, permits, stop)))
+        (listener, slots, stop),
+        move |(listener, slots, stop)| async move {
+            let (tcp, permit) = accept(&listener, &slots, &stop).await?;
+            let state = slots.register();
+            let tcp = Sending::new(tcp, send_timeout, state.closer.clone());
+            let connection = Bounded::new(tcp, permit, state, preface_timeout);
+            Some((Ok(connection), (listener, slots, stop)))
         },
     )
 }
@@ -173,7 +358,7 @@ const HTTP2_FRAME_HEADER_LEN: usize = 9;
 pub struct Bounded {
     tcp: Sending<TcpStream>,
     _permit: OwnedSemaphorePermit,
-    closer: ConnectionCloser,
+    state: Arc<ConnectionState>,
     /// Until the client's first frame has arrived: the deadline and what was read of it.
     preface: Option<(Pin<Box<tokio::time::Sleep>>, Start)>,
 }
@@ -215,11 +400,16 @@ impl Start {
 }
 
 impl Bounded {
-    fn new(tcp: Sending<TcpStream>, permit: OwnedSemaphorePermit, timeout: Duration) -> Bounded {
+    fn new(
+        tcp: Sending<TcpStream>,
+        permit: OwnedSemaphorePermit,
+        state: Arc<ConnectionState>,
+        timeout: Duration,
+    ) -> Bounded {
         Bounded {
             tcp,
             _permit: permit,
-            closer: ConnectionCloser::default(),
+            state,
             preface: Some((Box::pin(tokio::time::sleep(timeout)), Start::default())),
         }
     }
@@ -231,10 +421,6 @@ impl AsyncRead for Bounded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        // hyper always has a read waiting on an HTTP/2 connection: the closer wakes it.
-        if let Some(closed) = self.closer.poll_closed(cx) {
-            return Poll::Ready(Err(closed));
-        }
         let before = buf.filled().len();
         let this = &mut *self;
         let read = Pin::new(&mut this.tcp).poll_read(cx, buf);
@@ -292,7 +478,7 @@ impl tonic::transport::server::Connected for Bounded {
     fn connect_info(&self) -> GrpcConnection {
         GrpcConnection {
             tcp: self.tcp.io.connect_info(),
-            closer: self.closer.clone(),
+            state: self.state.clone(),
         }
     }
 }
@@ -301,7 +487,7 @@ impl tonic::transport::server::Connected for Bounded {
 #[derive(Clone)]
 pub struct GrpcConnection {
     pub tcp: tonic::transport::server::TcpConnectInfo,
-    pub closer: ConnectionCloser,
+    pub state: Arc<ConnectionState>,
 }
 
 /// Closes one gRPC connection from outside hyper, for what a stream holds past its deadline
@@ -325,7 +511,7 @@ impl ConnectionCloser {
     /// Fails the connection's reads from now on, which ends it and every stream on it.
     pub fn close(&self, reason: String) {
         if self.0.reason.get().is_none() {
-            tracing::warn!("closing a gRPC connection: {reason}");
+            tracing::warn!("closing a connection: {reason}");
         }
         let _ = self.0.reason.set(reason);
         self.0.reader.wake();
@@ -401,14 +587,17 @@ pub struct Sending<T> {
     timeout: Duration,
     /// Since when writes have been waiting, as the deadline they must move by.
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Closes the connection from outside (its reads and writes fail).
+    closer: ConnectionCloser,
 }
 
 impl<T> Sending<T> {
-    pub fn new(io: T, timeout: Duration) -> Sending<T> {
+    pub fn new(io: T, timeout: Duration, closer: ConnectionCloser) -> Sending<T> {
         Sending {
             io,
             timeout,
             stalled: None,
+            closer,
         }
     }
 
@@ -452,6 +641,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Sending<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        // hyper keeps a read waiting on every connection it serves (HTTP/2 always, HTTP/1
+        // between and during requests): the closer wakes it.
+        if let Some(closed) = self.closer.poll_closed(cx) {
+            return Poll::Ready(Err(closed));
+        }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
