@@ -43,6 +43,11 @@ use sha2::{Digest, Sha256};
 /// Manifest generations kept per deployment (older ones are deleted by the writer).
 const KEPT_GENERATIONS: u64 = 16;
 
+/// How long a revision's files stay after they were last written, whether or not a manifest
+/// names them: an upload is published (or re-uploaded, which writes the files again) well within
+/// it, and a lagging replica has fetched what it read.
+pub const CONTENT_GRACE: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, thiserror::Error)]
 pub enum SharedStoreError {
     /// Another replica changed the deployment between our read and our write.
@@ -130,6 +135,8 @@ pub fn content_hash(files: &[(PathBuf, Bytes)]) -> String {
 pub struct SharedArea {
     store: Arc<SharedStore>,
     area: &'static str,
+    /// [`CONTENT_GRACE`], shorter in tests.
+    content_grace: Duration,
 }
 
 pub struct SharedStore {
@@ -238,6 +245,7 @@ impl SharedStore {
         SharedArea {
             store: self.clone(),
             area,
+            content_grace: CONTENT_GRACE,
         }
     }
 
@@ -577,12 +585,8 @@ impl SharedArea {
         Ok(next)
     }
 
-    /// Deletes old generations (failures only cost space: they are logged).
-    ///
-    /// A revision's files are not deleted when its revision leaves the manifest: another replica
-    /// may be publishing the same content (same hash, same objects) again at that moment, and a
-    /// lagging one may still be fetching it. Old contents stay until a sweep that can prove
-    /// neither (not built yet).
+    /// Deletes old generations, then revision contents no generation names (failures only cost
+    /// space: they are logged).
     async fn collect_garbage(&self, key: &str, next: &SharedManifest) {
         if next.generation > KEPT_GENERATIONS {
             let old = self.manifest_path(key, next.generation - KEPT_GENERATIONS);
@@ -592,6 +596,88 @@ impl SharedArea {
                 tracing::warn!(key, "cannot delete {old}: {e}");
             }
         }
+        if let Err(e) = self.sweep_contents(key).await {
+            tracing::warn!(key, "cannot sweep old revisions' files: {e}");
+        }
+    }
+
+    /// Deletes the files of `key`'s revisions that no stored generation names and that were
+    /// last written more than the grace period ago. Both are needed: a revision leaves the
+    /// manifests when it is older than the last five, but another replica may be uploading the
+    /// same content again (same hash, same objects) to publish it, or a lagging one may still be
+    /// fetching what an older generation named. An upload writes every file again, so content
+    /// being published is always recent; any generation a replica can still read is listed
+    /// here. Returns the contents deleted.
+    async fn sweep_contents(&self, key: &str) -> Result<Vec<String>, SharedStoreError> {
+        let manifests = self.store.path(&[self.area, "manifests", &key_path(key)]);
+        let listed: Vec<_> = self
+            .store
+            .objects
+            .list(Some(&manifests))
+            .try_collect()
+            .await?;
+        let mut named = std::collections::BTreeSet::new();
+        for meta in listed {
+            let Some(generation) = meta
+                .location
+                .filename()
+                .and_then(|f| f.strip_suffix(".json"))
+                .and_then(|g| g.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            match self.manifest(key, generation).await {
+                Ok(manifest) => named.extend(manifest.revisions.into_iter().map(|r| r.content)),
+                // Deleted by a newer writer since the listing: it names nothing newer ones don't.
+                Err(SharedStoreError::Unavailable(object_store::Error::NotFound { .. })) => {}
+                // Anything else unreadable: do not guess what it names.
+                Err(e) => return Err(e),
+            }
+        }
+        let revisions = self.store.path(&[self.area, "revisions", &key_path(key)]);
+        let depth = revisions.parts().count();
+        let files: Vec<_> = self
+            .store
+            .objects
+            .list(Some(&revisions))
+            .try_collect()
+            .await?;
+        // Each content's files, and when the newest of them was written (Unix seconds).
+        let mut contents: BTreeMap<String, (i64, Vec<ObjectPath>)> = BTreeMap::new();
+        for meta in files {
+            let Some(content) = meta.location.parts().nth(depth) else {
+                continue;
+            };
+            let written = meta.last_modified.timestamp();
+            let entry = contents
+                .entry(content.as_ref().to_owned())
+                .or_insert((written, Vec::new()));
+            entry.0 = entry.0.max(written);
+            entry.1.push(meta.location);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let grace = i64::try_from(self.content_grace.as_secs()).unwrap_or(i64::MAX);
+        let mut deleted = Vec::new();
+        for (content, (written, paths)) in contents {
+            if named.contains(&content) || now.saturating_sub(written) < grace {
+                continue;
+            }
+            for path in paths {
+                match self.store.objects.delete(&path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            tracing::info!(
+                key,
+                content,
+                "deleted the files of a revision no manifest names any more"
+            );
+            deleted.push(content);
+        }
+        Ok(deleted)
     }
 }
 
@@ -679,6 +765,49 @@ mod tests {
         assert_eq!(b.generations().await.expect("list").get("m"), Some(&1));
         let back = b.download("m", &revision).await.expect("download");
         assert_eq!(content_hash(&back), revision.content);
+    }
+
+    #[tokio::test]
+    async fn files_no_generation_names_go_once_past_the_grace_period() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut a = area(dir.path(), "a");
+        let texts = ["r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"];
+        let mut base: Option<SharedManifest> = None;
+        let mut contents = Vec::new();
+        for (i, text) in texts.iter().enumerate() {
+            let uploaded = a.upload("m", &files(text)).await.expect("upload");
+            contents.push(uploaded.content.clone());
+            let mut next = base.clone().unwrap_or_default();
+            next.current = i as u64 + 1;
+            next.loaded = true;
+            next.revisions.push(SharedRevision {
+                revision: i as u64 + 1,
+                content: uploaded.content,
+                files: uploaded.files,
+                deployed_at: 0,
+            });
+            base = Some(a.publish("m", base.as_ref(), next).await.expect("publish"));
+        }
+        // Within the grace period nothing goes, though the last manifest names five revisions.
+        assert!(a.sweep_contents("m").await.expect("sweep").is_empty());
+        a.content_grace = Duration::ZERO;
+        // Every generation is still stored (8 < 16): the first generation names revision 1...
+        assert!(a.sweep_contents("m").await.expect("sweep").is_empty());
+        // ...until the generations that name them are gone (generation 7 names revisions 3-7).
+        for generation in 1..=6 {
+            let path = a.manifest_path("m", generation);
+            a.store.objects.delete(&path).await.expect("delete");
+        }
+        let deleted = a.sweep_contents("m").await.expect("sweep");
+        assert_eq!(deleted, {
+            let mut gone = contents[..2].to_vec();
+            gone.sort();
+            gone
+        });
+        let latest = a.latest("m").await.expect("read").expect("deployed");
+        for revision in &latest.revisions {
+            a.download("m", revision).await.expect("still there");
+        }
     }
 
     #[tokio::test]
