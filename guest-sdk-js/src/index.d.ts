@@ -95,6 +95,20 @@ export function infer(
   version?: number | null,
 ): Response;
 
+/** The responses of a streamed call (`inferStream`). */
+export interface ResponseStream extends IterableIterator<Response> {
+  /** The next response if one has arrived: `undefined` if none has yet, `null` once ended. */
+  tryNext(): Response | undefined | null;
+  /** Cancels the call. */
+  close(): void;
+}
+
+export function inferStream(
+  model: string,
+  request: { inputs: Tensor[]; requestedOutputs?: string[]; parameters?: Parameter[]; id?: string },
+  version?: number | null,
+): ResponseStream;
+
 export const log: {
   debug(message: unknown): void;
   info(message: unknown): void;

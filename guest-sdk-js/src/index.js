@@ -339,11 +339,96 @@ export function infer(modelName, { inputs, requestedOutputs = [], parameters = [
   try {
     return inference.infer(modelName, version, { id, inputs, requestedOutputs, parameters });
   } catch (e) {
-    const payload = e?.payload ?? e;
-    if (payload && typeof payload === "object" && "kind" in payload) {
-      throw new HandlerError(payload.kind, payload.message);
+    throw calleeError(e);
+  }
+}
+
+/** The callee's error (a WIT `error`, thrown or passed) as a HandlerError of its kind. */
+function calleeError(e) {
+  const payload = e?.payload ?? e;
+  if (payload && typeof payload === "object" && "kind" in payload) {
+    return new HandlerError(payload.kind, payload.message);
+  }
+  return e;
+}
+
+/**
+ * Runs `modelName` through the server's queue, as `infer` does, and returns its responses as a
+ * stream: every response of a decoupled model (Triton's `exec(decoupled=True)`), the one
+ * response of any other. Iterate it to wait for each response in turn (`for (const r of
+ * stream)`); a callee's error throws a HandlerError and ends the stream. In a streaming
+ * handler's `resume`, `tryNext()` takes a response only if one has arrived: `undefined` when
+ * none has yet (return, and the host resumes the handler when one comes), `null` once the
+ * stream has ended. `close()`, or leaving a `for` loop early, cancels the call.
+ */
+export function inferStream(modelName, { inputs, requestedOutputs = [], parameters = [], id = "" }, version = null) {
+  try {
+    return new ResponseStream(
+      inference.inferStream(modelName, version, { id, inputs, requestedOutputs, parameters }),
+    );
+  } catch (e) {
+    throw calleeError(e);
+  }
+}
+
+class ResponseStream {
+  constructor(stream) {
+    this._stream = stream;
+  }
+
+  [Symbol.iterator]() {
+    return this;
+  }
+
+  /** The iterator protocol: waits for the next response. */
+  next() {
+    if (this._stream === null) return { done: true, value: undefined };
+    const next = this._stream.next();
+    if (next === null) {
+      this.close();
+      return { done: true, value: undefined };
     }
-    throw e;
+    return { done: false, value: this._taken(next) };
+  }
+
+  /** Leaving a `for` loop early: the call is cancelled. */
+  return() {
+    this.close();
+    return { done: true, value: undefined };
+  }
+
+  tryNext() {
+    if (this._stream === null) return null;
+    const polled = this._stream.tryNext();
+    switch (polled.tag) {
+      case "pending":
+        return undefined;
+      case "ended":
+        this.close();
+        return null;
+      default:
+        return this._taken(polled.val);
+    }
+  }
+
+  /** A response, or the error that ends the stream (thrown). */
+  _taken(result) {
+    if (result.tag === "err") {
+      this.close();
+      throw calleeError(result.val);
+    }
+    return result.val;
+  }
+
+  close() {
+    if (this._stream !== null) {
+      this._stream[Symbol.dispose]?.();
+      this._stream = null;
+    }
+  }
+
+  [Symbol.dispose]() {
+    this.close();
   }
 }
 

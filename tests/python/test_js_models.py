@@ -26,8 +26,13 @@ from conftest import (
 
 
 PROBE = """
-import { asStrings, fromStrings, input, metricFamily, model, utf8Decode, utf8Encode } from "@tessera/guest";
+import { asStrings, fromStrings, inferStream, input, metricFamily, model, utf8Decode, utf8Encode }
+  from "@tessera/guest";
 const held = [];
+
+/** count_ts (decoupled) on `text`: its responses as a stream. */
+const count = (text) => inferStream("count_ts", { inputs: [fromStrings("TEXT", [1], [text])] });
+const word = (response) => asStrings(response.outputs.find((t) => t.name === "WORD"))[0];
 
 export const handler = model({
   executeRequest(request) {
@@ -46,6 +51,33 @@ export const handler = model({
         refused = e.message;
       }
       return { outputs: [fromStrings("OUT", [1], [`${gauge.value()}|${refused}`])] };
+    }
+    if (mode === "stream") {
+      const words = [...count("one two three")].map(word);
+      return { outputs: [fromStrings("OUT", [1], [words.join("|")])] };
+    }
+    if (mode === "poll") {
+      // tryNext as a streaming handler's resume uses it, busy here: undefined until a response.
+      const stream = count("four five");
+      const words = [];
+      for (let r = stream.tryNext(); r !== null; r = stream.tryNext()) {
+        if (r !== undefined) words.push(word(r));
+      }
+      return { outputs: [fromStrings("OUT", [1], [words.join("|")])] };
+    }
+    if (mode === "stream-first") {
+      let first = "";
+      for (const r of count("six seven eight")) { first = word(r); break; }
+      const again = [...count("nine ten")].map(word);
+      return { outputs: [fromStrings("OUT", [1], [`${first};${again.join("|")}`])] };
+    }
+    if (mode === "stream-error") {
+      try {
+        [...count("   ")];
+        return { outputs: [fromStrings("OUT", [1], ["no error"])] };
+      } catch (e) {
+        return { outputs: [fromStrings("OUT", [1], [`${e.kind}: ${e.message}`])] };
+      }
     }
     if (mode === "loop") { for (;;) {} }
     if (mode === "memory") { const hoard = []; for (;;) hoard.push(new Uint8Array(16 << 20)); }
@@ -222,6 +254,19 @@ def test_javascript_metric_families_reach_metrics(js_server):
     for line in ['probe_js_depth{stage="post"} 5.5', 'probe_js_sizes_bucket{le="20"} 1',
                  "probe_js_sizes_count 1", "# TYPE probe_js_sizes histogram"]:
         assert line in lines, line
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("stream", "one|two|three"),
+    ("poll", "four|five"),
+    ("stream-first", "six;nine|ten"),
+    ("stream-error", "invalid-input: TEXT has no words"),
+])
+def test_javascript_reads_a_decoupled_models_stream(js_server, mode, expected):
+    """inferStream from JavaScript: every response of a decoupled model (count_ts), waited for
+    in turn or polled with tryNext; leaving the loop early cancels the call and the next one
+    runs; the callee's error throws a HandlerError of its kind."""
+    assert probe(js_server, "js_probe", mode).decode() == expected
 
 
 def test_a_typescript_generator_streams_each_yield(js_server):
