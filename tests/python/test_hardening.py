@@ -643,6 +643,18 @@ class _H2Grpc:
                 self.ended.add(event.stream_id)
         self._flush()
 
+    def closed_within(self, seconds: float) -> bool:
+        """Reads what the server sends until it closes the connection, at most `seconds`."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while not self.closed and time.monotonic() < deadline:
+            try:
+                self.pump(0.2)
+            except ConnectionError:
+                break
+        return self.closed
+
     def status(self, sid: int, timeout: float) -> dict[str, str]:
         """The call's response headers and trailers once it has a grpc-status."""
         import time
@@ -822,14 +834,8 @@ def test_a_stream_that_stalls_its_own_reading_loses_its_connection_at_the_deadli
                           before=_grpc_message(request) + _grpc_message(later),
                           method="ModelStreamInfer")
         wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 3_000_000, timeout=10)
-        deadline = time.monotonic() + 30
-        while not h2c.closed and time.monotonic() < deadline:
-            try:
-                h2c.pump(0.2)
-            except ConnectionError:
-                break
-        assert h2c.closed, ("the server kept the stalled stream's connection", h2c.headers,
-                            metric(srv, "tessera_buffered_bytes"))
+        assert h2c.closed_within(30), ("the server kept the stalled stream's connection",
+                                       h2c.headers, metric(srv, "tessera_buffered_bytes"))
         assert time.monotonic() - started >= 7.5, "closed before the message's deadline"
         assert metric(srv, "tessera_buffered_bytes") == 0
     finally:
@@ -976,8 +982,6 @@ def test_a_client_that_stops_reading_is_disconnected_after_the_send_timeout(tmp_
     disconnected once the server's writes have made no progress for that long, and the bytes
     its answer held are given back, without the client doing anything. Over gRPC, the same
     for a stream whose client grants it no flow-control window."""
-    import time
-
     repo = tmp_path / "repository"
     _slow_echo_any_length(repo)
     srv, proc, log = launch(binary(), ["--model-repository", str(repo),
@@ -1006,13 +1010,8 @@ def test_a_client_that_stops_reading_is_disconnected_after_the_send_timeout(tmp_
             message = request.SerializeToString()
             h2c.start_message(len(message), len(message), message)
             wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 10_000_000, timeout=20)
-            deadline = time.monotonic() + 20
-            while not h2c.closed and time.monotonic() < deadline:
-                try:
-                    h2c.pump(0.2)
-                except ConnectionError:
-                    break
-            assert h2c.closed, "the server kept the connection of a stream it could not answer"
+            assert h2c.closed_within(20), \
+                "the server kept the connection of a stream it could not answer"
             assert metric(srv, "tessera_buffered_bytes") == 0
         finally:
             h2c.close()
