@@ -999,17 +999,43 @@ impl Control<'_> {
                 t.insert(name.clone(), entry);
             });
             tracing::info!(model = %name, "serving");
-            let dependents: Vec<(String, ModelEntry)> = self
-                .repo
-                .read()
+            let table = self.repo.read();
+            // An ensemble waiting for its steps is planned again once none is missing: planning
+            // loads missing steps, and one unloaded on request must stay unloaded.
+            let missing = |e: &ModelEntry| {
+                e.dependencies
+                    .iter()
+                    .find(|d| !table.get(d.as_str()).is_some_and(ModelEntry::has_ready))
+                    .cloned()
+            };
+            let mut still_waiting = Vec::new();
+            let dependents: Vec<(String, ModelEntry)> = table
                 .iter()
                 .filter(|(_, e)| {
-                    e.kind == Some(BackendKind::Ensemble)
-                        && (e.has_ready() || e.missing_step.is_some())
-                        && e.dependencies.contains(&name)
+                    e.kind == Some(BackendKind::Ensemble) && e.dependencies.contains(&name)
+                })
+                .filter(|(n, e)| match (&e.missing_step, e.has_ready()) {
+                    (Some(_), _) => match missing(e) {
+                        Some(step) => {
+                            still_waiting.push(((*n).clone(), step));
+                            false
+                        }
+                        None => true,
+                    },
+                    (None, ready) => ready,
                 })
                 .map(|(n, e)| (n.clone(), e.clone()))
                 .collect();
+            drop(table);
+            if !still_waiting.is_empty() {
+                self.repo.update(|t| {
+                    for (ensemble, step) in &still_waiting {
+                        if let Some(e) = t.get_mut(ensemble) {
+                            mark_missing_step(e, step);
+                        }
+                    }
+                });
+            }
             for (dependent, e) in dependents {
                 let mode = LoadMode {
                     explicit: e.explicit,

@@ -599,13 +599,7 @@ class _H2Grpc:
         whole message ends the call's request if `end`."""
         import struct
 
-        sid = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
-                                     (":authority", "tessera"),
-                                     (":path", f"/inference.GRPCInferenceService/{method}"),
-                                     ("content-type", "application/grpc"), ("te", "trailers"),
-                                     *metadata])
-        self.headers[sid] = {}
+        sid = self.open_call(method, metadata)
         payload = message[:sent] if message is not None else b"\x0a" * sent
         data = memoryview(before + struct.pack(">BI", 0, declared) + payload)
         while data:
@@ -619,6 +613,19 @@ class _H2Grpc:
         if message is not None and sent == len(message) and end:
             self.conn.end_stream(sid)
             self._flush()
+        return sid
+
+    def open_call(self, method: str = "ModelInfer",
+                  metadata: tuple[tuple[str, str], ...] = ()) -> int:
+        """Opens a `method` call: its headers, and nothing more yet."""
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
+                                     (":authority", "tessera"),
+                                     (":path", f"/inference.GRPCInferenceService/{method}"),
+                                     ("content-type", "application/grpc"), ("te", "trailers"),
+                                     *metadata])
+        self.headers[sid] = {}
+        self._flush()
         return sid
 
     def pump(self, timeout: float):
@@ -673,8 +680,9 @@ def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_serv
     3 MB messages hold 6 MB of the 8 MB budget; a third is refused with UNAVAILABLE naming the
     flag, and so is an HTTP body that does not fit in what is left (503), while small requests
     run. A unary call whose whole message came but whose request never ended is held the same
-    way. After --http-body-read-timeout-secs the stalled calls end with DEADLINE_EXCEEDED and
-    their bytes are free again."""
+    way, and one whose message never came waits no longer. After
+    --http-body-read-timeout-secs the stalled calls end with DEADLINE_EXCEEDED and their bytes
+    are free again."""
     import time
 
     srv = budget_server
@@ -689,6 +697,9 @@ def test_partly_sent_grpc_messages_hold_no_more_than_the_read_budget(budget_serv
         request.raw_input_contents.append(np.zeros(1, dtype=np.float32).tobytes())
         message = request.SerializeToString()
         stalled.append(h2c.start_message(len(message), len(message), message, end=False))
+        # A unary call whose message never comes (its headers alone) ends at the same deadline
+        # (it counted as a call in progress for good, so its connection was never shed).
+        stalled.append(h2c.open_call())
         third = h2c.start_message(3_000_000, 10)
         answer = h2c.status(third, timeout=10)
         assert answer.get("grpc-status") == "14", answer
@@ -793,6 +804,29 @@ def test_idle_connections_give_their_slots_to_new_clients(tmp_path):
         for t in busy:
             t.join(timeout=60)
         assert outcomes == [200] * 8, outcomes
+
+        # gRPC clients keep their connections open after their calls: a newcomer that found
+        # every one busy gets in once one of them has been idle a second (it waited for good
+        # when the first look found none idle).
+        channels = [grpcclient.InferenceServerClient(f"{srv.host}:{srv.grpc_port}")
+                    for _ in range(8)]
+        answers = []
+        slow = [threading.Thread(target=lambda c=c: answers.append(
+            c.infer("slow_echo", [x], parameters={"delay_ms": 1000}).as_numpy("Y").tolist()))
+            for c in channels]
+        try:
+            for t in slow:
+                t.start()
+            wait_for(lambda: metric(srv, "tessera_inflight_requests") >= 8, timeout=10)
+            with grpcclient.InferenceServerClient(f"{srv.host}:{srv.grpc_port}") as c:
+                answer = c.infer("slow_echo", [x], client_timeout=20).as_numpy("Y")
+            assert answer.tolist() == [[3.0]]
+            for t in slow:
+                t.join(timeout=60)
+            assert answers == [[[3.0]]] * 8, answers
+        finally:
+            for c in channels:
+                c.close()
     finally:
         for sock in idle:
             sock.close()

@@ -157,8 +157,17 @@ def test_an_ensemble_whose_step_is_unloaded_is_unavailable_until_the_step_return
     twice_a, _ = infer_add_sub(client, "add_sub_twice", A, B, names=("A", "B"),
                                outputs=("TWICE_A", "TWICE_B"))
     np.testing.assert_allclose(twice_a, 2 * A)
+    # With both steps unloaded, loading one leaves the other unloaded (planning the ensemble
+    # again would load it): the ensemble waits, naming the step still missing.
+    client.unload_model("add_sub")
+    client.unload_model("add_sub_wasm")
+    client.load_model("add_sub")
+    assert not client.is_model_ready("add_sub_wasm"), "a step unloaded on request came back"
+    rows = [r for r in client.get_model_repository_index() if r["name"] == "add_sub_twice"]
+    assert rows[0]["reason"].endswith("not available: add_sub_wasm"), rows
+    client.load_model("add_sub_wasm")
+    assert client.is_model_ready("add_sub_twice")
     client.unload_model("add_sub_twice")
-    assert not client.is_model_ready("add_sub_wasm")
 
 
 def test_load_with_a_config_override(explicit):

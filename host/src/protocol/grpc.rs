@@ -700,8 +700,9 @@ pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 /// response whose header is too large and report only "stream removed"), and the code of an
 /// oversized message (tonic says OUT_OF_RANGE; gRPC's status table and Triton say
 /// RESOURCE_EXHAUSTED). It also reads the caller's key, before any message: a caller without a
-/// valid one may send messages of [`UNAUTHENTICATED_MESSAGE_BYTES`] at most (what the open
-/// health and liveness calls need), so that no one without a key holds buffered bytes.
+/// valid one is refused at once but for the open calls ([`OPEN_CALLS`]), whose messages may
+/// hold [`UNAUTHENTICATED_MESSAGE_BYTES`] at most, so that no one without a key holds more than
+/// a few buffered bytes.
 #[derive(Clone)]
 pub struct GrpcBoundsLayer {
     /// The server, for its tenants' keys.
@@ -774,6 +775,12 @@ where
                 .map_err(|e| Status::unauthenticated(e.to_string())),
         );
         let unauthenticated = caller.0.as_ref().err().cloned();
+        if let Some(status) = &unauthenticated
+            && !OPEN_CALLS.contains(&request.uri().path())
+        {
+            let status = status.clone();
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
         let mut request = request;
         request.extensions_mut().insert(caller);
         // Only ModelStreamInfer takes a stream of messages; every other call takes one.
@@ -852,10 +859,13 @@ pub struct MessageBudget<B> {
     prefix_seen: usize,
     /// Bytes of the current message still to come (0 between messages).
     remaining: u64,
-    /// The current message's declared length, until it is reserved.
+    /// What the current message is to hold in the budget, until it is reserved.
     unreserved: Option<u64>,
-    /// The current message's place in the budget and when it must have arrived.
+    /// The current message's place in the budget.
     held: Option<Held>,
+    /// When the current message (a unary call: the whole request, from its start) must have
+    /// arrived.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The connection, for the deadline when the body is not polled.
     closer: Option<ConnectionCloser>,
     /// Why the caller has no valid key, if it has none: its messages may not be larger than
@@ -867,18 +877,26 @@ pub struct MessageBudget<B> {
     unary: bool,
 }
 
-/// A message's place in the read budget and its deadline.
+/// A message's place in the read budget.
 struct Held {
     _permit: tokio::sync::OwnedSemaphorePermit,
-    deadline: Pin<Box<tokio::time::Sleep>>,
     /// Closes the connection a little after the deadline if the body is not polled by then.
     _watchdog: Option<Watchdog>,
 }
 
-/// The largest message a caller without a valid key may send (health and liveness calls,
-/// which are open to all, need a few bytes); a larger one ends the call with UNAUTHENTICATED
-/// before it is read.
-pub const UNAUTHENTICATED_MESSAGE_BYTES: u64 = 64 * 1024;
+/// The calls a caller without a valid key may make once tenancy is on: liveness and readiness,
+/// as over HTTP. Any other is refused with UNAUTHENTICATED before its message is read.
+const OPEN_CALLS: &[&str] = &[
+    "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+];
+
+/// The largest message a caller without a valid key may send to an open call (they need a few
+/// bytes), uncompressed; a larger or compressed one ends the call with UNAUTHENTICATED before
+/// it is read.
+pub const UNAUTHENTICATED_MESSAGE_BYTES: u64 = 1024;
 
 /// Who called, as [`GrpcBounds`] found it from the call's `authorization` metadata before
 /// reading any message (request extensions).
@@ -907,15 +925,19 @@ impl<B> MessageBudget<B> {
             remaining: 0,
             unreserved: None,
             held: None,
+            deadline: None,
             closer,
             unauthenticated: None,
             unary: false,
         }
     }
 
-    /// For a unary call's body: see [`MessageBudget::unary`]'s field.
+    /// For a unary call's body: see [`MessageBudget::unary`]'s field. Its deadline runs from
+    /// now: tonic reads a unary request to its end, so a call whose message never comes (or
+    /// never ends) fails then rather than holding its connection's slot for good.
     pub fn unary(mut self) -> Self {
         self.unary = true;
+        self.deadline = Some(Box::pin(tokio::time::sleep(self.timeout)));
         self
     }
 
@@ -934,6 +956,7 @@ impl<B> MessageBudget<B> {
                     self.unreserved = None;
                     if !self.unary {
                         self.held = None;
+                        self.deadline = None;
                     }
                 }
                 continue;
@@ -946,10 +969,11 @@ impl<B> MessageBudget<B> {
                 continue;
             }
             self.prefix_seen = 0;
-            let [_, a, b, c, d] = self.prefix;
+            let [compressed, a, b, c, d] = self.prefix;
+            let compressed = compressed != 0;
             self.remaining = u64::from(u32::from_be_bytes([a, b, c, d]));
             if let Some(status) = &self.unauthenticated
-                && self.remaining > UNAUTHENTICATED_MESSAGE_BYTES
+                && (compressed || self.remaining > UNAUTHENTICATED_MESSAGE_BYTES)
             {
                 return Err(status.clone());
             }
@@ -957,12 +981,18 @@ impl<B> MessageBudget<B> {
             if self.remaining == 0 || self.remaining > self.max_message as u64 {
                 continue;
             }
-            if self.unary {
-                // One message, read to the end of the request without a pause: its deadline
-                // covers that end too.
-                self.reserve(self.remaining)?;
+            // A compressed message is decompressed whole, up to tonic's limit, whatever its
+            // prefix says: that is what it may hold.
+            let holds = if compressed {
+                self.max_message as u64
             } else {
-                self.unreserved = Some(self.remaining);
+                self.remaining
+            };
+            if self.unary {
+                // One message, read to the end of the request without a pause.
+                self.reserve(holds)?;
+            } else {
+                self.unreserved = Some(holds);
             }
         }
         Ok(())
@@ -976,27 +1006,32 @@ impl<B> MessageBudget<B> {
         }
     }
 
-    /// Reserves the current message's declared length and starts its deadline.
-    fn reserve(&mut self, declared: u64) -> Result<(), Status> {
-        let permit = self.reading.try_reserve(declared).ok_or_else(|| {
+    /// Reserves what the current message may hold and, on a stream, starts its deadline and
+    /// the watchdog behind it (a unary call's deadline runs from its start, and tonic polls
+    /// its body to the end: no watchdog needed).
+    fn reserve(&mut self, holds: u64) -> Result<(), Status> {
+        let permit = self.reading.try_reserve(holds).ok_or_else(|| {
             Status::unavailable(format!(
                 "the server is reading as many request messages as it may hold at once \
-                 (--http-max-buffered-bytes); this one declares {declared} bytes; retry"
+                 (--http-max-buffered-bytes); this one may hold {holds} bytes; retry"
             ))
         })?;
         let secs = self.timeout.as_secs();
-        let watchdog = self.closer.as_ref().map(|closer| {
-            closer.close_after(
-                self.timeout + UNPOLLED_MESSAGE_GRACE,
+        let watchdog = match &self.closer {
+            Some(closer) if !self.unary => Some(closer.close_after(
+                self.timeout.saturating_add(UNPOLLED_MESSAGE_GRACE),
                 format!(
-                    "a request message of {declared} bytes did not arrive in full within \
-                     {secs} s (--http-body-read-timeout-secs) while its stream was stalled"
+                    "a request message of {holds} bytes did not arrive in full within {secs} s \
+                     (--http-body-read-timeout-secs) while its stream was stalled"
                 ),
-            )
-        });
+            )),
+            _ => None,
+        };
+        if !self.unary {
+            self.deadline = Some(Box::pin(tokio::time::sleep(self.timeout)));
+        }
         self.held = Some(Held {
             _permit: permit,
-            deadline: Box::pin(tokio::time::sleep(self.timeout)),
             _watchdog: watchdog,
         });
         Ok(())
@@ -1032,6 +1067,7 @@ where
                     // Trailers end the request.
                     None => {
                         this.held = None;
+                        this.deadline = None;
                         this.unreserved = None;
                     }
                 }
@@ -1040,19 +1076,21 @@ where
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => {
                 this.held = None;
+                this.deadline = None;
                 this.unreserved = None;
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 // Checked only while waiting for the client: a message the server has not
                 // asked to read yet (a stream's requests wait their turn) is not late.
-                if let Some(held) = &mut this.held
-                    && held.deadline.as_mut().poll(cx).is_ready()
+                if let Some(deadline) = &mut this.deadline
+                    && deadline.as_mut().poll(cx).is_ready()
                 {
                     this.held = None;
+                    this.deadline = None;
                     let secs = this.timeout.as_secs();
                     return Poll::Ready(Some(Err(Box::new(Status::deadline_exceeded(format!(
-                        "a request message did not arrive in full within {secs} s \
+                        "the request message did not arrive in full within {secs} s \
                          (--http-body-read-timeout-secs)"
                     ))))));
                 }
@@ -1206,6 +1244,26 @@ mod bounds_tests {
         let mut over = budget_of(&budget).unary();
         let refused = over.read(&prefix(9 * 1024)).expect_err("over the budget");
         assert_eq!(refused.code(), tonic::Code::Unavailable);
+        drop((unary, over));
+        // A compressed message holds what it may decompress to (tonic's limit, 1 MiB here).
+        let roomy = ByteBudget::new(4 << 20);
+        let mut compressed = budget_of(&roomy).unary();
+        let mut gzip = prefix(100);
+        gzip[0] = 1;
+        compressed.read(&gzip).expect("fits");
+        assert_eq!(roomy.held_bytes(), 1 << 20);
+        // A caller without a key may send neither a compressed message nor a large one.
+        let mut keyless = budget_of(&roomy).unary();
+        keyless.unauthenticated = Some(Status::unauthenticated("no key"));
+        let refused = keyless.read(&gzip).expect_err("compressed");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        let mut keyless = budget_of(&roomy).unary();
+        keyless.unauthenticated = Some(Status::unauthenticated("no key"));
+        keyless.read(&prefix(100)).expect("small");
+        let mut keyless = budget_of(&roomy).unary();
+        keyless.unauthenticated = Some(Status::unauthenticated("no key"));
+        let refused = keyless.read(&prefix(4096)).expect_err("large");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     }
 
     #[tokio::test(start_paused = true)]

@@ -66,15 +66,7 @@ async fn accept(
             permit = slots.permits.clone().acquire_owned() => {
                 (accept_one(listener, stop).await?, permit.ok()?)
             }
-            tcp = accept_one(listener, stop) => {
-                let tcp = tcp?;
-                slots.shed();
-                let permit = tokio::select! {
-                    permit = slots.permits.clone().acquire_owned() => permit.ok()?,
-                    () = stopped(stop.clone()) => return None,
-                };
-                (tcp, permit)
-            }
+            tcp = accept_one(listener, stop) => (tcp?, slots.freed_for_newcomer(stop).await?),
             () = stopped(stop.clone()) => return None,
         },
     };
@@ -109,19 +101,58 @@ async fn accept_one(listener: &TcpListener, stop: &watch::Receiver<bool>) -> Opt
 pub struct Slots {
     permits: Arc<Semaphore>,
     open: Arc<std::sync::Mutex<Vec<std::sync::Weak<ConnectionState>>>>,
+    /// Told when a connection's last request ends: a newcomer waiting for a slot may shed it.
+    became_idle: Arc<tokio::sync::Notify>,
 }
+
+/// How long a connection must have been idle to be shed: a response handed over just now may
+/// still be in its write buffers, and a pooled connection is likeliest to be reused soon
+/// after its last answer.
+const SHED_AFTER_IDLE_MS: u64 = 1000;
 
 impl Slots {
     fn new(max_connections: usize) -> Slots {
         Slots {
             permits: Arc::new(Semaphore::new(max_connections.max(1))),
             open: Arc::default(),
+            became_idle: Arc::default(),
+        }
+    }
+
+    /// A slot for a client that connected while every slot was taken: the slot of an idle
+    /// connection, closed for it, as soon as one is idle long enough (or a connection closes).
+    async fn freed_for_newcomer(
+        &self,
+        stop: &watch::Receiver<bool>,
+    ) -> Option<OwnedSemaphorePermit> {
+        let mut warned = false;
+        loop {
+            let wait = match self.shed() {
+                // Its slot comes back once it has closed.
+                Some(()) => None,
+                None => {
+                    if !warned {
+                        tracing::warn!(
+                            "every connection slot (--max-connections) is in use: a new client \
+                             waits until a connection closes or has been idle for a second"
+                        );
+                        warned = true;
+                    }
+                    Some(Duration::from_millis(SHED_AFTER_IDLE_MS))
+                }
+            };
+            tokio::select! {
+                permit = self.permits.clone().acquire_owned() => return permit.ok(),
+                () = self.became_idle.notified(), if wait.is_some() => {}
+                () = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
+                () = stopped(stop.clone()) => return None,
+            }
         }
     }
 
     /// A newly accepted connection's state, counted among the open ones.
     fn register(&self) -> Arc<ConnectionState> {
-        let state = Arc::new(ConnectionState::default());
+        let state = Arc::new(ConnectionState::new(self.became_idle.clone()));
         if let Ok(mut open) = self.open.lock() {
             open.retain(|c| c.strong_count() > 0);
             open.push(Arc::downgrade(&state));
@@ -129,30 +160,29 @@ impl Slots {
         state
     }
 
-    /// Closes the connection idle the longest, if one is idle, so that a new client gets its
-    /// slot once it is gone.
-    fn shed(&self) {
-        let Ok(mut open) = self.open.lock() else {
-            return;
-        };
+    /// Closes the connection idle the longest, if one has been idle long enough, so that a new
+    /// client gets its slot once it is gone.
+    fn shed(&self) -> Option<()> {
+        let mut open = self.open.lock().ok()?;
         open.retain(|c| c.strong_count() > 0);
+        let now = clock_ms();
         let idlest = open
             .iter()
             .filter_map(std::sync::Weak::upgrade)
-            .filter(|c| c.active.load(Ordering::Acquire) == 0 && !c.closer.is_closed())
-            .min_by_key(|c| c.idle_since.load(Ordering::Relaxed));
+            .filter(|c| {
+                c.active.load(Ordering::Acquire) == 0
+                    && !c.closer.is_closed()
+                    && now.saturating_sub(c.idle_since.load(Ordering::Relaxed))
+                        >= SHED_AFTER_IDLE_MS
+            })
+            .min_by_key(|c| c.idle_since.load(Ordering::Relaxed))?;
         drop(open);
-        match idlest {
-            Some(connection) => connection.closer.close(
-                "idle while every connection slot (--max-connections) was taken and a new \
-                 client connected"
-                    .into(),
-            ),
-            None => tracing::warn!(
-                "every connection slot (--max-connections) holds a request in progress: a new \
-                 client waits for one"
-            ),
-        }
+        idlest.closer.close(
+            "idle while every connection slot (--max-connections) was taken and a new client \
+             connected"
+                .into(),
+        );
+        Some(())
     }
 }
 
@@ -174,19 +204,20 @@ pub struct ConnectionState {
     active: std::sync::atomic::AtomicUsize,
     idle_since: AtomicU64,
     pub closer: ConnectionCloser,
+    /// The listener's [`Slots::became_idle`].
+    became_idle: Arc<tokio::sync::Notify>,
 }
 
-impl Default for ConnectionState {
-    fn default() -> ConnectionState {
+impl ConnectionState {
+    fn new(became_idle: Arc<tokio::sync::Notify>) -> ConnectionState {
         ConnectionState {
             active: std::sync::atomic::AtomicUsize::new(0),
             idle_since: AtomicU64::new(clock_ms()),
             closer: ConnectionCloser::default(),
+            became_idle,
         }
     }
-}
 
-impl ConnectionState {
     /// Counts a request in progress until the guard is dropped.
     pub fn begin(self: &Arc<Self>) -> InProgress {
         self.active.fetch_add(1, Ordering::AcqRel);
@@ -200,7 +231,9 @@ pub struct InProgress(Arc<ConnectionState>);
 impl Drop for InProgress {
     fn drop(&mut self) {
         self.0.idle_since.store(clock_ms(), Ordering::Relaxed);
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.became_idle.notify_one();
+        }
     }
 }
 

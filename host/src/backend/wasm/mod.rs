@@ -152,7 +152,10 @@ impl WasmRuntime {
 
     /// Waits until every Wasm instance has been dropped and finalized, at most `limit`.
     pub async fn drain(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
+        // A limit of centuries (`--drain-timeout-ms` is the operator's) would overflow.
+        let deadline = tokio::time::Instant::now()
+            .checked_add(limit)
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(1 << 30));
         loop {
             let dropped = self.instances.dropped.notified();
             if self
