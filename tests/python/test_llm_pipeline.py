@@ -338,7 +338,6 @@ def test_the_most_likely_tokens_come_with_each_one(openai_client):
     ("/v1/chat/completions", {"logprobs": 2}, "true or false"),
     ("/v1/completions", {"logprobs": 9}, "from 0 to 5"),
     ("/v1/completions", {"top_logprobs": 2}, "chat parameter"),
-    ("/v1/completions", {"logprobs": 0, "model": "ensemble"}, "does not return log-probabilities"),
 ])
 def test_log_probabilities_that_cannot_be_served_are_refused(server, path, extra, says):
     body = {"model": BLS, "max_tokens": 4}
@@ -489,14 +488,22 @@ def test_a_tenant_over_its_token_quota_gets_429_with_retry_after(tmp_path):
         stop(proc, log)
 
 
-def test_completions_serve_through_the_ensemble_as_generate_does(server, openai_client):
-    # The ensemble batches (max_batch_size 16): the OpenAI front-end sends it a batch of one.
-    body = {"text_input": "1, 2, 3,", "max_tokens": 8}
-    status, generated = post(server, "/v2/models/ensemble/generate", body)
-    assert status == 200, generated
-    completion = openai_client.completions.create(model="ensemble", prompt="1, 2, 3,",
-                                                  max_tokens=8, temperature=0)
-    assert completion.choices[0].text == generated["text_output"]
+def test_the_ensemble_is_refused_by_the_openai_endpoints_and_served_by_generate(server):
+    """The ensemble's answers carry neither the engine's finish reason nor token counts, so the
+    OpenAI endpoints refuse it, saying so and where it is served (they answered `stop` where
+    the token limit ended the text, with zero usage), and /v1/models does not list it."""
+    status, generated = post(server, "/v2/models/ensemble/generate",
+                             {"text_input": "1, 2, 3,", "max_tokens": 8})
+    assert status == 200 and generated["text_output"], generated
+    for stream in (False, True):
+        status, answer = post(server, "/v1/completions", {
+            "model": "ensemble", "prompt": "1, 2, 3,", "max_tokens": 8, "stream": stream})
+        assert status == 400, answer
+        assert "does not report why generation stopped" in answer["error"]["message"], answer
+        assert "/v2/models/ensemble/generate" in answer["error"]["message"], answer
+    status, _, listed = server.request("GET", "/v1/models")
+    assert status == 200
+    assert [m["id"] for m in json.loads(listed)["data"]] == [BLS]
 
 
 def test_a_streamed_request_refused_by_the_model_says_invalid_request(server):

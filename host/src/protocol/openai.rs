@@ -236,18 +236,29 @@ fn check_contract(metadata: &ModelMetadata, endpoint: Endpoint) -> Result<(), In
     let fits = has_input(prompt_input)
         && has_input("max_tokens")
         && metadata.outputs.iter().any(|o| o.name == "text_output");
+    let path = match endpoint {
+        Endpoint::Chat => "/v1/chat/completions",
+        Endpoint::Completions => "/v1/completions",
+    };
+    // An ensemble's answer is its steps' outputs, without the engine's finish reason and with
+    // no token counts: served, its answers would say `stop` where the token limit ended the
+    // text and count zero tokens.
+    if fits && metadata.platform == "ensemble" {
+        return Err(InferError::invalid(format!(
+            "model '{}' does not serve {path}: an ensemble does not report why generation \
+             stopped nor how many tokens it took; use a model that does (tensorrt_llm_bls), or \
+             this one through /v2/models/{}/generate",
+            metadata.name, metadata.name
+        )));
+    }
     if fits {
         Ok(())
     } else {
         Err(InferError::new(
             ErrorKind::InvalidArgument,
             format!(
-                "model '{}' does not serve {}: the model needs inputs '{prompt_input}' and 'max_tokens' and output 'text_output' (as tensorrt_llm_bls has)",
+                "model '{}' does not serve {path}: the model needs inputs '{prompt_input}' and 'max_tokens' and output 'text_output' (as tensorrt_llm_bls has)",
                 metadata.name,
-                match endpoint {
-                    Endpoint::Chat => "/v1/chat/completions",
-                    Endpoint::Completions => "/v1/completions",
-                }
             ),
         ))
     }
