@@ -416,7 +416,8 @@ HI = [{"role": "user", "content": "hi"}]
     (b"{not json", "not a valid request", None),
     ({"model": BLS}, "'messages' is required", None),
     ({"model": BLS, "messages": []}, "must not be empty", None),
-    ({"model": BLS, "messages": HI, "n": 3}, "n and best_of", "n"),
+    ({"model": BLS, "messages": HI, "n": 3}, "n is not supported", "n"),
+    ({"model": BLS, "messages": HI, "n": 2, "tools": []}, "n, tools are not supported", None),
     ({"model": BLS, "messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
     ({"model": BLS, "messages": HI, "temperature": -2}, "temperature", "temperature"),
     # Refused by the engine, in the engine's words (request_output_len, runtime_top_p), which

@@ -286,16 +286,26 @@ pub fn prepare(
         .map_err(|e| invalid(format!("the request body is not a valid request: {e}")))?;
     let metadata = server.model_metadata(principal, &body.model, None)?;
     check_contract(&metadata, endpoint)?;
-    if body.n.is_some_and(|n| n != 1) || body.best_of.is_some_and(|n| n != 1) {
-        return Err(invalid("n and best_of other than 1 are not supported"));
-    }
-    if body.echo || body.suffix.is_some() {
-        return Err(invalid("echo and suffix are not supported"));
+    // Every field the request sets that is not served, named at once.
+    let unsupported: Vec<&str> = [
+        ("n", body.n.is_some_and(|n| n != 1)),
+        ("best_of", body.best_of.is_some_and(|n| n != 1)),
+        ("echo", body.echo),
+        ("suffix", body.suffix.is_some()),
+        ("tools", body.tools.is_some()),
+        ("response_format", body.response_format.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect();
+    if !unsupported.is_empty() {
+        return Err(invalid(format!(
+            "{} {} not supported (n and best_of only as 1)",
+            unsupported.join(", "),
+            if unsupported.len() == 1 { "is" } else { "are" }
+        )));
     }
     let logprobs = wants_logprobs(endpoint, body.logprobs.as_ref(), body.top_logprobs)?;
-    if body.tools.is_some() || body.response_format.is_some() {
-        return Err(invalid("tools and response_format are not supported"));
-    }
     let mut inputs = Vec::new();
     match endpoint {
         Endpoint::Chat => {
