@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Two tessera binaries side by side, alternated: server CPU per request and throughput on
-`add_sub` (ONNX, FP32 [1, 16], JSON) and a 1 MiB ONNX Identity (binary in and out), each with
-4 tritonclient HTTP threads on the same machine. For A/B of a change on the request path.
+`add_sub` (ONNX, FP32 [1, 16], JSON over HTTP, and over gRPC as `add_sub (grpc)`) and a 1 MiB
+ONNX Identity (binary in and out, HTTP), each with 4 tritonclient threads on the same machine.
+For A/B of a change on the request path.
 
     .venv/bin/python bench/binaries_ab.py OLD_BINARY NEW_BINARY [--reps 3] [--seconds 8]
 
@@ -52,6 +53,20 @@ def make_repository(folder: Path) -> None:
         f'output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {n} ] }} ]\n')
 
 
+MODELS = ("add_sub", "add_sub (grpc)", "identity_1mib")
+
+
+def grpc_request():
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        inp = grpcclient.InferInput(name, [1, 16], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+        inputs.append(inp)
+    return inputs
+
+
 def request(model: str):
     if model == "identity_1mib":
         x = np.ones(MIB_ELEMENTS, dtype=np.float32)
@@ -85,17 +100,26 @@ def measure(binary: str, repo: Path, seconds: float) -> list[tuple[str, float, f
                 raise RuntimeError(f"{binary} not ready")
             time.sleep(0.1)
         rows = []
-        for model in ("add_sub", "identity_1mib"):
+        for model in MODELS:
             counts: list[int] = []
             stop = time.monotonic() + seconds
 
             def client():
-                c = httpclient.InferenceServerClient("127.0.0.1:18000")
-                inputs, outputs = request(model)
                 done = 0
-                while time.monotonic() < stop:
-                    c.infer(model, inputs, outputs=outputs)
-                    done += 1
+                if model.endswith("(grpc)"):
+                    import tritonclient.grpc as grpcclient
+
+                    c = grpcclient.InferenceServerClient("127.0.0.1:18001")
+                    inputs = grpc_request()
+                    while time.monotonic() < stop:
+                        c.infer("add_sub", inputs)
+                        done += 1
+                else:
+                    c = httpclient.InferenceServerClient("127.0.0.1:18000")
+                    inputs, outputs = request(model)
+                    while time.monotonic() < stop:
+                        c.infer(model, inputs, outputs=outputs)
+                        done += 1
                 counts.append(done)
 
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
@@ -136,7 +160,7 @@ def main() -> None:
     for label, model, rate, cpu in sorted(results, key=lambda r: (r[1], r[0])):
         print(f"| {label} | {model} | {rate:,.0f} | {cpu:,.0f} |")
     print()
-    for model in ("add_sub", "identity_1mib"):
+    for model in MODELS:
         means = {label: np.mean([r[3] for r in results if r[0] == label and r[1] == model])
                  for label in ("old", "new")}
         print(f"{model}: server CPU µs/request old {means['old']:,.0f}, new {means['new']:,.0f}, "

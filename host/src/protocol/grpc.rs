@@ -22,7 +22,7 @@ use crate::infer::InferError;
 use crate::limits::ByteBudget;
 use crate::protocol::kserve::RegionReader;
 use crate::protocol::listen::{
-    ConnectionCloser, ConnectionState, GrpcConnection, TrackedBody, Watchdog, WrittenBody,
+    ConnectionCloser, ConnectionState, GrpcConnection, Watchdog, WrittenBody,
 };
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -822,10 +822,9 @@ where
             if let Some(closer) = closer {
                 body = body.watched(closer, send_timeout);
             }
-            let body = match in_progress {
-                Some(in_progress) => tonic::body::Body::new(TrackedBody::new(body, in_progress)),
-                None => tonic::body::Body::new(body),
-            };
+            if let Some(in_progress) = in_progress {
+                body = body.in_progress(in_progress);
+            }
             Ok(http::Response::from_parts(
                 parts,
                 tonic::body::Body::new(body),
@@ -866,6 +865,9 @@ pub struct MessageBudget<B> {
     /// When the current message (a unary call: the whole request, from its start) must have
     /// arrived.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A unary call's deadline, made a timer only once its body has to be waited for (most
+    /// arrive whole with their headers: no timer to set and cancel).
+    unary_deadline: Option<tokio::time::Instant>,
     /// The connection, for the deadline when the body is not polled.
     closer: Option<ConnectionCloser>,
     /// Why the caller has no valid key, if it has none: its messages may not be larger than
@@ -926,6 +928,7 @@ impl<B> MessageBudget<B> {
             unreserved: None,
             held: None,
             deadline: None,
+            unary_deadline: None,
             closer,
             unauthenticated: None,
             unary: false,
@@ -937,7 +940,7 @@ impl<B> MessageBudget<B> {
     /// never ends) fails then rather than holding its connection's slot for good.
     pub fn unary(mut self) -> Self {
         self.unary = true;
-        self.deadline = Some(Box::pin(tokio::time::sleep(self.timeout)));
+        self.unary_deadline = tokio::time::Instant::now().checked_add(self.timeout);
         self
     }
 
@@ -1083,6 +1086,11 @@ where
             Poll::Pending => {
                 // Checked only while waiting for the client: a message the server has not
                 // asked to read yet (a stream's requests wait their turn) is not late.
+                if this.deadline.is_none()
+                    && let Some(at) = this.unary_deadline.take()
+                {
+                    this.deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+                }
                 if let Some(deadline) = &mut this.deadline
                     && deadline.as_mut().poll(cx).is_ready()
                 {

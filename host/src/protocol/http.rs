@@ -59,6 +59,7 @@ pub fn router(
         reading,
     };
     let held = || axum::middleware::from_fn_with_state(state.clone(), hold_response);
+    let held_kserve = || axum::middleware::from_fn_with_state(state.clone(), hold_kserve_response);
     let held_openai = || axum::middleware::from_fn_with_state(state.clone(), hold_openai_response);
     // Compression as Triton's HTTP front-end does it, on the inference APIs: request bodies
     // sent with `Content-Encoding: gzip|deflate` are read decompressed (within
@@ -67,14 +68,15 @@ pub fn router(
     // so that an answer waiting for it, and for the client, stays in the budget: it takes the
     // answer a slice at a time. Functions' bodies are their own business and pass as they are.
     let inference = kserve_routes()
-        .layer(held())
+        .layer(held_kserve())
         .merge(openai_routes().layer(held_openai()))
         .layer(
             tower_http::decompression::RequestDecompressionLayer::new()
                 .gzip(true)
-                .deflate(true),
+                .deflate(true)
+                // Refused by `hold`, in the API's own error shape.
+                .pass_through_unaccepted(true),
         )
-        .layer(axum::middleware::from_fn(explain_unsupported_encoding))
         .layer(
             tower_http::compression::CompressionLayer::new()
                 .gzip(true)
@@ -99,21 +101,39 @@ pub fn router(
         .with_state(state)
 }
 
-/// A body sent with a `Content-Encoding` the server does not read gets the API's own error
-/// body, naming what is read, instead of the decompressor's plain-text 415.
-async fn explain_unsupported_encoding(
+/// Holds every response's large frames in the budget for buffered bytes until the connection
+/// has taken them ([`WrittenBody`]); a response known whole that does not fit is a 503.
+async fn hold_response(
+    State(s): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let openai = request.uri().path().starts_with("/v1/");
-    let encoding = request.headers().get(header::CONTENT_ENCODING).cloned();
-    let response = next.run(request).await;
-    if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
-        return response;
-    }
-    let Some(encoding) = encoding else {
-        return response;
-    };
+    hold(s, request, next, Api::Other).await
+}
+
+/// The routes whose responses [`hold`] holds, for the shape of a refusal.
+#[derive(Clone, Copy, PartialEq)]
+enum Api {
+    /// KServe v2, whose request bodies may be compressed.
+    Kserve,
+    /// OpenAI's, whose bodies may be compressed and whose errors have its shape.
+    OpenAi,
+    /// Functions (their bodies are their own business) and health.
+    Other,
+}
+
+/// [`hold_response`] for the KServe routes.
+async fn hold_kserve_response(
+    State(s): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    hold(s, request, next, Api::Kserve).await
+}
+
+/// A body sent with a `Content-Encoding` the server does not read: 415 in the API's own error
+/// shape, naming it.
+fn unsupported_encoding(encoding: &HeaderValue, openai: bool) -> Response {
     let message = format!(
         "the request body's Content-Encoding '{}' is not supported: send it as it is, or \
          compressed with gzip or deflate",
@@ -128,31 +148,29 @@ async fn explain_unsupported_encoding(
     (StatusCode::UNSUPPORTED_MEDIA_TYPE, axum::Json(body)).into_response()
 }
 
-/// Holds every response's large frames in the budget for buffered bytes until the connection
-/// has taken them ([`WrittenBody`]); a response known whole that does not fit is a 503.
-async fn hold_response(
-    State(s): State<AppState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    hold(s, request, next, false).await
-}
-
 /// [`hold_response`] for the OpenAI routes, whose refusals have OpenAI's error shape.
 async fn hold_openai_response(
     State(s): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    hold(s, request, next, true).await
+    hold(s, request, next, Api::OpenAi).await
 }
 
 async fn hold(
     s: AppState,
     request: axum::extract::Request,
     next: axum::middleware::Next,
-    openai: bool,
+    api: Api,
 ) -> Response {
+    let openai = api == Api::OpenAi;
+    // The decompressor removed the encodings it read and passed the others on.
+    if api != Api::Other
+        && let Some(encoding) = request.headers().get(header::CONTENT_ENCODING)
+        && encoding != "identity"
+    {
+        return unsupported_encoding(encoding, openai);
+    }
     let (parts, body) = next.run(request).await.into_parts();
     let body = match http_body::Body::size_hint(&body).exact() {
         Some(size) if size > RESPONSE_SLICE_BYTES as u64 => {

@@ -307,7 +307,7 @@ pub async fn serve_http(
                 let response =
                     tower_service::Service::call(&mut router, request.map(Body::new)).await?;
                 Ok::<_, std::convert::Infallible>(
-                    response.map(|body| Body::new(TrackedBody::new(body, in_progress))),
+                    response.map(|body| TrackedBody::new(body, in_progress)),
                 )
             }
         });
@@ -832,6 +832,8 @@ pub struct WrittenBody<B> {
     grpc: bool,
     /// The body ended early with its own trailers.
     ended: bool,
+    /// Its request, counted in progress on its connection until the body is dropped.
+    _in_progress: Option<InProgress>,
 }
 
 /// A frame's place in the budget, with how many of its slices were written.
@@ -870,6 +872,7 @@ impl<B> WrittenBody<B> {
             stall: None,
             grpc: false,
             ended: false,
+            _in_progress: None,
         }
     }
 
@@ -883,6 +886,12 @@ impl<B> WrittenBody<B> {
     /// For a gRPC answer: see the `grpc` field.
     pub fn grpc(mut self) -> WrittenBody<B> {
         self.grpc = true;
+        self
+    }
+
+    /// Keeps `in_progress` until the body is dropped (see [`TrackedBody`], for bodies not held).
+    pub fn in_progress(mut self, in_progress: InProgress) -> WrittenBody<B> {
+        self._in_progress = Some(in_progress);
         self
     }
 
@@ -902,6 +911,7 @@ impl<B> WrittenBody<B> {
                 stall: None,
                 grpc: false,
                 ended: false,
+                _in_progress: None,
             }),
             None => Err((inner, ResponseOverBudget(size))),
         }
