@@ -127,24 +127,20 @@ impl Slots {
     ) -> Option<OwnedSemaphorePermit> {
         let mut warned = false;
         loop {
-            let wait = match self.shed() {
-                // Its slot comes back once it has closed.
-                Some(()) => None,
-                None => {
-                    if !warned {
-                        tracing::warn!(
-                            "every connection slot (--max-connections) is in use: a new client \
-                             waits until a connection closes or has been idle for a second"
-                        );
-                        warned = true;
-                    }
-                    Some(Duration::from_millis(SHED_AFTER_IDLE_MS))
-                }
-            };
+            // Once one is shed, its slot comes back when it has closed; until then, look again
+            // when a connection turns idle and when one may have been idle long enough.
+            let shed = self.shed();
+            if !shed && !warned {
+                tracing::warn!(
+                    "every connection slot (--max-connections) is in use: a new client waits \
+                     until a connection closes or has been idle for a second"
+                );
+                warned = true;
+            }
             tokio::select! {
                 permit = self.permits.clone().acquire_owned() => return permit.ok(),
-                () = self.became_idle.notified(), if wait.is_some() => {}
-                () = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
+                () = self.became_idle.notified(), if !shed => {}
+                () = tokio::time::sleep(Duration::from_millis(SHED_AFTER_IDLE_MS)), if !shed => {}
                 () = stopped(stop.clone()) => return None,
             }
         }
@@ -162,8 +158,10 @@ impl Slots {
 
     /// Closes the connection idle the longest, if one has been idle long enough, so that a new
     /// client gets its slot once it is gone.
-    fn shed(&self) -> Option<()> {
-        let mut open = self.open.lock().ok()?;
+    fn shed(&self) -> bool {
+        let Ok(mut open) = self.open.lock() else {
+            return false;
+        };
         open.retain(|c| c.strong_count() > 0);
         let now = clock_ms();
         let idlest = open
@@ -175,14 +173,17 @@ impl Slots {
                     && now.saturating_sub(c.idle_since.load(Ordering::Relaxed))
                         >= SHED_AFTER_IDLE_MS
             })
-            .min_by_key(|c| c.idle_since.load(Ordering::Relaxed))?;
+            .min_by_key(|c| c.idle_since.load(Ordering::Relaxed));
         drop(open);
+        let Some(idlest) = idlest else {
+            return false;
+        };
         idlest.closer.close(
             "idle while every connection slot (--max-connections) was taken and a new client \
              connected"
                 .into(),
         );
-        Some(())
+        true
     }
 }
 
