@@ -1134,6 +1134,16 @@ impl Server {
             "Bytes the front-ends hold for clients: request bodies being read and large answers their connections have not taken, in whole KiB each (--http-max-buffered-bytes)",
         )
         .sample(&[], self.buffering.held_bytes());
+        crate::metrics::Family::start(
+            &mut text,
+            "tessera_connections_shed_total",
+            "counter",
+            "Idle connections closed so that a new client got their slot (--max-connections), all listeners",
+        )
+        .sample(
+            &[],
+            crate::protocol::listen::SHED_CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed),
+        );
         let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
         let mut family = crate::metrics::Family::start(
             &mut text,

@@ -783,6 +783,7 @@ def test_idle_connections_give_their_slots_to_new_clients(tmp_path):
         assert answer.tolist() == [[3.0]]
         assert time.monotonic() - started < 5
         assert _closed_within(idle[0], 5), "the longest-idle connection is the one closed"
+        assert metric(srv, "tessera_connections_shed_total") == 1
 
         idle += [socket.create_connection((srv.host, srv.http_port)) for _ in range(8)]
         time.sleep(0.5)

@@ -130,10 +130,11 @@ impl Slots {
             // Once one is shed, its slot comes back when it has closed; until then, look again
             // when a connection turns idle and when one may have been idle long enough.
             let shed = self.shed();
-            if !shed && !warned {
+            if !shed && !warned && now_and_then(&FULL_LOGGED_MS) {
                 tracing::warn!(
                     "every connection slot (--max-connections) is in use: a new client waits \
-                     until a connection closes or has been idle for a second"
+                     until a connection closes or has been idle for a second (logged at most \
+                     every 10 s)"
                 );
                 warned = true;
             }
@@ -178,6 +179,7 @@ impl Slots {
         let Some(idlest) = idlest else {
             return false;
         };
+        SHED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
         idlest.closer.close(
             "idle while every connection slot (--max-connections) was taken and a new client \
              connected"
@@ -185,6 +187,25 @@ impl Slots {
         );
         true
     }
+}
+
+/// Connections closed for a newcomer, since start (`tessera_connections_shed_total`).
+pub static SHED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// When a connection's closing and a full listener were last logged (a client that opens
+/// connections as fast as it can must not fill the log).
+static CLOSE_LOGGED_MS: AtomicU64 = AtomicU64::new(0);
+static FULL_LOGGED_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether to log now: at most once every 10 s per `last`.
+fn now_and_then(last: &AtomicU64) -> bool {
+    // Stored one past the clock, so that 0 means never.
+    let now = clock_ms().saturating_add(1);
+    let before = last.load(Ordering::Relaxed);
+    (before == 0 || now >= before.saturating_add(10_000))
+        && last
+            .compare_exchange(before, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 /// Milliseconds since the first connection of the process, for ordering idle connections.
@@ -544,8 +565,8 @@ struct CloserState {
 impl ConnectionCloser {
     /// Fails the connection's reads from now on, which ends it and every stream on it.
     pub fn close(&self, reason: String) {
-        if self.0.reason.get().is_none() {
-            tracing::warn!("closing a connection: {reason}");
+        if self.0.reason.get().is_none() && now_and_then(&CLOSE_LOGGED_MS) {
+            tracing::warn!("closing a connection: {reason} (logged at most every 10 s)");
         }
         let _ = self.0.reason.set(reason);
         self.0.reader.wake();
