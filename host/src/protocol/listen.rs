@@ -160,11 +160,15 @@ impl Slots {
     /// Closes the connection idle the longest, if one has been idle long enough, so that a new
     /// client gets its slot once it is gone.
     fn shed(&self) -> bool {
+        self.shed_at(clock_ms())
+    }
+
+    /// [`Slots::shed`] at `now` ([`clock_ms`]).
+    fn shed_at(&self, now: u64) -> bool {
         let Ok(mut open) = self.open.lock() else {
             return false;
         };
         open.retain(|c| c.strong_count() > 0);
-        let now = clock_ms();
         let idlest = open
             .iter()
             .filter_map(std::sync::Weak::upgrade)
@@ -1072,6 +1076,33 @@ mod tests {
         let data = small.frame().await.expect("a frame").expect("fits");
         assert_eq!(data.into_data().map(|d| d.len()).ok(), Some(1000));
         assert_eq!(budget.held_bytes(), 0);
+    }
+
+    #[test]
+    fn a_full_listener_sheds_the_connection_idle_longest_and_never_a_busy_one() {
+        let slots = Slots::new(4);
+        let (busy, older, newer, fresh) = (
+            slots.register(),
+            slots.register(),
+            slots.register(),
+            slots.register(),
+        );
+        let now = 100_000;
+        busy.idle_since.store(0, Ordering::Relaxed);
+        let request = busy.begin();
+        older.idle_since.store(now - 5_000, Ordering::Relaxed);
+        newer.idle_since.store(now - 2_000, Ordering::Relaxed);
+        fresh.idle_since.store(now - 500, Ordering::Relaxed);
+        assert!(slots.shed_at(now));
+        assert!(older.closer.is_closed() && !newer.closer.is_closed() && !busy.closer.is_closed());
+        assert!(slots.shed_at(now));
+        assert!(newer.closer.is_closed() && !busy.closer.is_closed());
+        // The busy one is never shed; nor one idle for less than a second.
+        assert!(!slots.shed_at(now));
+        assert!(!fresh.closer.is_closed() && !busy.closer.is_closed());
+        assert!(slots.shed_at(now + 600) && fresh.closer.is_closed());
+        drop(request);
+        assert!(!slots.shed(), "idle just now");
     }
 
     #[tokio::test(start_paused = true)]
