@@ -83,6 +83,10 @@ where
     clap::builder::RangedU64ValueParser::new().range(1..)
 }
 
+/// Idle connections closed so that a new client got their slot (`--max-connections`), all
+/// listeners, since start: `tessera_connections_shed_total` (`protocol::listen` sheds them).
+pub static SHED_CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The server-wide limits (see the module documentation for each one's reason).
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServerLimits {

@@ -1142,7 +1142,7 @@ impl Server {
         )
         .sample(
             &[],
-            crate::protocol::listen::SHED_CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed),
+            crate::limits::SHED_CONNECTIONS.load(std::sync::atomic::Ordering::Relaxed),
         );
         let damaged = |store: Option<&Arc<Store>>| store.map_or(0, |s| s.damaged().len());
         let mut family = crate::metrics::Family::start(

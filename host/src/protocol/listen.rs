@@ -183,7 +183,7 @@ impl Slots {
         let Some(idlest) = idlest else {
             return false;
         };
-        SHED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        crate::limits::SHED_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
         idlest.closer.close(
             "idle while every connection slot (--max-connections) was taken and a new client \
              connected"
@@ -192,9 +192,6 @@ impl Slots {
         true
     }
 }
-
-/// Connections closed for a newcomer, since start (`tessera_connections_shed_total`).
-pub static SHED_CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 
 /// When a connection's closing and a full listener were last logged (a client that opens
 /// connections as fast as it can must not fill the log).
