@@ -144,16 +144,16 @@ def busy_ticks():
     return sum(fields) - idle, sum(fields)
 
 
-def perf_analyzer(port, model, conc, seconds, work, feed):
-    """perf_analyzer at one concurrency, one-row requests over HTTP, sending `feed` (the rows the
-    Python clients send): returns p99 (seconds) from its own report."""
+def perf_analyzer(port, model, conc, seconds, work, feed, rows):
+    """perf_analyzer at one concurrency, requests of `rows` rows over HTTP, each row `feed` (what
+    the Python clients send): returns p99 (seconds) from its own report."""
     csv, data = f"{work}/pa-{conc}.csv", f"{work}/pa-data.json"
     with open(data, "w") as f:
         json.dump({"data": [{name: {"content": value.reshape(-1).tolist(), "shape": list(value.shape[1:])}
                              for name, value in feed.items()}]}, f)
     subprocess.run([os.environ.get("PERF_ANALYZER", "perf_analyzer"), "-m", model, "-u", f"127.0.0.1:{port}",
                     "--input-data", data,
-                    "-i", "http", "--concurrency-range", f"{conc}:{conc}",
+                    "-i", "http", "--concurrency-range", f"{conc}:{conc}", "-b", str(rows),
                     # three windows averaged, whatever their spread (as ../shared's v2_load.sh falls back to)
                     "--measurement-interval", str(int(seconds * 1000 / 3)), "--max-trials", "3",
                     "--stability-percentage", "1000", "-f", csv],
@@ -183,6 +183,10 @@ def main():
     p.add_argument("--cpu", action="store_true", help="both sides on the CPU (checks the script anywhere)")
     p.add_argument("--instances", type=int, default=1, help="instances of the model (instance_group count)")
     p.add_argument("--load", choices=["python", "perf_analyzer"], default="python")
+    p.add_argument("--intra", type=int, help="the model's intra_op_thread_count (0: ONNX Runtime's default)")
+    p.add_argument("--rows", type=int, default=1,
+                   help="rows per request (1: the batcher joins one-row requests; more: fewer requests "
+                        "for the same rows, where the request rate and not the engine is the limit)")
     a = p.parse_args()
     binary = os.environ.get("TESSERA_BIN", "target/release/tessera")
     work = tempfile.mkdtemp(prefix="gpu-bench-")
@@ -203,6 +207,8 @@ def main():
         with open(f"{work}/repo/{name}/config.pbtxt", "w") as f:
             f.write(f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {a.max_batch}\n'
                     f'dynamic_batching {{ max_queue_delay_microseconds: 100 }}\n'
+                    + (f'parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{a.intra}" }} }}\n'
+                       if a.intra is not None else "")
                     + (f"instance_group [{{ kind: KIND_CPU count: {a.instances} }}]\n" if a.cpu
                        else f"instance_group [{{ kind: KIND_GPU count: {a.instances} gpus: [0] }}]\n"))
         server = subprocess.Popen([binary, "--model-repository", f"{work}/repo", "--http-port", str(a.port),
@@ -224,6 +230,7 @@ def main():
             else:
                 sys.exit("the server did not become ready:\n" + open(f"{work}/server.log").read())
             feed = example_inputs(specs, 1)
+            request = example_inputs(specs, a.rows)
             rows_table = []
             for conc in [int(c) for c in a.concurrency.split(",")]:
                 if a.load == "perf_analyzer":
@@ -231,13 +238,13 @@ def main():
                     # as for the Python clients (server stats and CPU around the whole run).
                     inf0, exe0, queue0, phases0 = stats(a.port, name)
                     cpu0, t0, ticks0 = cpu_seconds(server.pid), time.perf_counter(), busy_ticks()
-                    p99 = perf_analyzer(a.port, name, conc, a.seconds, work, feed) * 1e3
+                    p99 = perf_analyzer(a.port, name, conc, a.seconds, work, feed, a.rows) * 1e3
                 else:
                     with multiprocessing.Pool(conc) as pool:
-                        pool.map(client, [(a.port, name, feed, 1.0, outs)] * conc)  # warm up
+                        pool.map(client, [(a.port, name, request, 1.0, outs)] * conc)  # warm up
                         inf0, exe0, queue0, phases0 = stats(a.port, name)
                         cpu0, t0, ticks0 = cpu_seconds(server.pid), time.perf_counter(), busy_ticks()
-                        lat = [x for l in pool.map(client, [(a.port, name, feed, a.seconds, outs)] * conc) for x in l]
+                        lat = [x for l in pool.map(client, [(a.port, name, request, a.seconds, outs)] * conc) for x in l]
                     p99 = statistics.quantiles(lat, n=100)[98] * 1e3 if len(lat) > 1 else float("nan")
                 wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
                 ticks1 = busy_ticks()
@@ -258,16 +265,19 @@ def main():
             server.wait(timeout=30)
         sizes = [max(1, min(a.max_batch, round(r[4]))) for r in rows_table]
         device = "CPU" if a.cpu else "GPU"
-        rates = bare_engine(onnx_path, specs, sizes, a.seconds,
+        # The bare engine at the largest batch is its saturation: the issue's measure (>= 0.90).
+        rates = bare_engine(onnx_path, specs, sizes + [a.max_batch], a.seconds,
                             "CPUExecutionProvider" if a.cpu else "CUDAExecutionProvider")
-        print(f"\n{label}: Tessera (HTTP, dynamic batching, {a.instances} {device} instance(s), load: {a.load}) "
-              f"vs bare ONNX Runtime, same {device}")
+        print(f"\n{label}: Tessera (HTTP, dynamic batching, {a.instances} {device} instance(s), load: {a.load}, "
+              f"{a.rows} row(s) per request{'' if a.intra is None else f', intra_op_thread_count {a.intra}'}) vs bare ONNX Runtime, same {device}; saturation: bare at batch "
+              f"{a.max_batch}, {rates[a.max_batch]:,.0f} rows/s")
         print(f"{'conc':>5} {'rows/s':>10} {'p99 ms':>8} {'CPU us/inf':>11} {'avg batch':>10} {'busy':>5} "
-              f"{'bare rows/s':>12} {'ratio':>6} {'queue us':>9} {'in/run/out us per batch':>24} {'executing':>9}")
+              f"{'bare rows/s':>12} {'ratio':>6} {'vs sat':>6} {'queue us':>9} {'in/run/out us per batch':>24} "
+              f"{'executing':>9}")
         for (conc, rows, p99, cpu_us, batch, busy, queue_us, phase_us, executing), size in zip(rows_table, sizes):
             phases = "/".join(f"{p:.0f}" for p in phase_us)
             print(f"{conc:>5} {rows:>10,.0f} {p99:>8.2f} {cpu_us:>11.1f} {batch:>10.1f} {busy:>5.0%} "
-                  f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f} {queue_us:>9.0f} {phases:>24} {executing:>9.0%}")
+                  f"{rates[size]:>12,.0f} {rows / rates[size]:>6.2f} {rows / rates[a.max_batch]:>6.2f} {queue_us:>9.0f} {phases:>24} {executing:>9.0%}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -3,7 +3,8 @@
 # unpacks them once into /tmp/tessera-gpu, points the server and the benches at the packed ONNX
 # Runtime and at NVIDIA's CUDA libraries in python3's site-packages, then runs the GPU checks.
 #   bash scripts/gpu/run-packed.sh [e2e|bench|llm|all]      (default: all)
-# e2e: scripts/gpu/e2e.sh. bench: bench/gpu_vs_ort.py on MiniLM and a wide MLP. llm: the LLM
+# e2e: scripts/gpu/e2e.sh. bench: bench/gpu_vs_ort.py on MiniLM and a wide MLP (MODELS="minilm mlp",
+# INSTANCES, CONCURRENCY, SECONDS_PER_LEVEL, ROWS per request). llm: the LLM
 # engine on the GPU against the CPU (bench/llm_gpu.sh), if the pack holds the CUDA build.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -41,12 +42,16 @@ case "${1:-all}" in
       export PERF_ANALYZER="$G/site/perf_analyzer/bin/perf_analyzer"; load=perf_analyzer
     fi
     for instances in ${INSTANCES:-1}; do
-      for model in "--model model_repository/minilm" "--wide-mlp 4096"; do
+      for model in ${MODELS:-minilm mlp}; do
+        case "$model" in minilm) model="--model model_repository/minilm" ;; mlp) model="--wide-mlp 4096" ;; esac
         # shellcheck disable=SC2086
         python3 bench/gpu_vs_ort.py $model --concurrency "${CONCURRENCY:-1,4,16,64}" --seconds "${SECONDS_PER_LEVEL:-5}" \
-          --load "$load" --instances "$instances"
+          --load "$load" --instances "$instances" --rows "${ROWS:-1}" ${INTRA:+--intra "$INTRA"}
       done
     done ;;
+  variants)  # a bare session in the server's settings and in ONNX Runtime's defaults
+    python3 bench/gpu_session_variants.py --wide-mlp 4096
+    python3 bench/gpu_session_variants.py --model model_repository/minilm ;;
   llm)
     [ -x "$G/cuda/tessera" ] || { echo "the pack has no CUDA build of the LLM engine (LLM_CUDA=1 scripts/gpu/pack.sh)"; exit 1; }
     LD_LIBRARY_PATH="$G/cuda:$LD_LIBRARY_PATH" TESSERA_BIN="$G/cuda/tessera" LLM_BARE="$G/cuda/llm_bare" bench/llm_gpu.sh ;;
@@ -54,5 +59,5 @@ case "${1:-all}" in
     rc=0
     for part in e2e bench llm; do echo "=== $part"; "$0" "$part" || { rc=1; echo "=== $part FAILED"; }; done
     exit $rc ;;
-  *) echo "usage: run-packed.sh [e2e|bench|llm|all]" >&2; exit 2 ;;
+  *) echo "usage: run-packed.sh [e2e|bench|variants|llm|all]" >&2; exit 2 ;;
 esac
