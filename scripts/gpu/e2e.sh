@@ -97,8 +97,8 @@ for model, runs in cases.items():
             ok = diff <= 1e-3 * scale
             print(f"{'ok  ' if ok else 'FAIL'} {model}: output {name}, {len(cpu[name])} values, max |gpu - cpu| = {diff:.2e}")
             if not ok: sys.exit(1)
-# Batches: concurrent requests of 1 to 3 rows, which the batcher joins (several requests copied
-# into one pinned buffer), then one request larger than any batch before (the buffer grows).
+# Batches: concurrent requests of 1 to 3 rows, which the batcher joins into one input per batch,
+# then one request larger than any batch before.
 from concurrent.futures import ThreadPoolExecutor
 def rows(n, seed):
     rng = random.Random(seed)

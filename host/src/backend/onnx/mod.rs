@@ -7,7 +7,7 @@
 //!
 //! Each instance is one session on its own thread, placed on the CPU or a GPU by its instance
 //! group ([`crate::device::placement`]); a GPU instance's session has the execution providers of
-//! [`providers`] and its inputs go through pinned buffers ([`gpu`]). A batch is executed as one
+//! [`providers`] on a stream of its own ([`gpu`]). A batch is executed as one
 //! ONNX Runtime run: the requests' inputs are concatenated along the batch dimension, and each
 //! output is split back by the requests' row counts.
 //!
@@ -225,7 +225,7 @@ struct Job {
 impl OnnxInstance {
     fn start(
         session: Session,
-        mut gpu: Option<gpu::GpuResources>,
+        gpu: Option<gpu::GpuResources>,
         plan: Arc<Plan>,
         name: String,
     ) -> Result<Self, LoadError> {
@@ -238,7 +238,7 @@ impl OnnxInstance {
                 while let Ok(job) = inbox.recv() {
                     let n = job.batch.len();
                     let executed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run(&mut session, gpu.as_mut(), &plan, &job.batch)
+                        run(&mut session, &plan, &job.batch)
                     }))
                     .unwrap_or_else(|_| {
                         failed(
@@ -437,7 +437,7 @@ fn load(
                 })?;
                 let builder = session_builder(&path, intra, inter)?;
                 let (session, resources) =
-                    gpu::open_session(builder, &path, &gpu_providers, device, config.input.len())?;
+                    gpu::open_session(builder, &path, &gpu_providers, device)?;
                 tracing::info!(model, instance = %slot.name, gpu = id, "ONNX Runtime session on the GPU");
                 (session, Some(resources))
             }
@@ -516,13 +516,8 @@ fn failed(n: usize, error: InferError, timing: ExecutionTiming) -> Executed {
     }
 }
 
-/// Runs one batch: concatenate (on a GPU instance, into its pinned buffers), run, split.
-fn run(
-    session: &mut Session,
-    mut gpu: Option<&mut gpu::GpuResources>,
-    plan: &Plan,
-    batch: &[InferRequest],
-) -> Executed {
+/// Runs one batch: concatenate, run, split.
+fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
     let t0 = Instant::now();
     let rows: Vec<usize> = batch
         .iter()
@@ -538,46 +533,19 @@ fn run(
         })
         .collect();
     let total_rows: usize = rows.iter().sum();
-    // Staged inputs are copied into the GPU instance's pinned buffers first, and viewed once all
-    // are copied; the rest become ONNX Runtime values here.
-    let mut owned: Vec<(usize, DynValue)> = Vec::with_capacity(plan.inputs.len());
-    let mut staged: Vec<(usize, DataType, Vec<i64>)> = Vec::new();
-    for (index, input) in plan.inputs.iter().enumerate() {
+    let mut inputs: Vec<(String, ort::session::SessionInputValue<'_>)> =
+        Vec::with_capacity(plan.inputs.len());
+    for input in &plan.inputs {
         let parts: Vec<&Tensor> = batch
             .iter()
             .filter_map(|r| r.inputs.iter().find(|t| t.name == input.name))
             .collect();
-        let Some(first) = parts.first() else {
+        if parts.is_empty() {
             continue; // optional input left out by every request of the batch
-        };
-        if let Some(resources) = gpu.as_deref_mut() {
-            match resources.stage(index, &parts) {
-                Ok(true) => {
-                    let shape =
-                        merged_shape(first, total_rows, plan.batched, input.reshape.as_deref());
-                    staged.push((index, first.datatype, shape));
-                    continue;
-                }
-                Ok(false) => {}
-                Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
-            }
         }
         match merge(parts, total_rows, plan.batched, input.reshape.as_deref()).and_then(to_ort) {
-            Ok(value) => owned.push((index, value)),
+            Ok(value) => inputs.push((input.name.clone(), value.into())),
             Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
-        }
-    }
-    let mut inputs: Vec<(String, ort::session::SessionInputValue<'_>)> =
-        Vec::with_capacity(plan.inputs.len());
-    for (index, value) in owned {
-        inputs.push((plan.inputs[index].name.clone(), value.into()));
-    }
-    if let Some(resources) = gpu.as_deref() {
-        for (index, datatype, shape) in &staged {
-            match resources.view(*index, *datatype, shape) {
-                Ok(view) => inputs.push((plan.inputs[*index].name.clone(), view)),
-                Err(e) => return failed(batch.len(), e, ExecutionTiming::default()),
-            }
         }
     }
     let t1 = Instant::now();
