@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Two tessera binaries side by side, alternated: server CPU per request and throughput on
-`add_sub` (ONNX, FP32 [1, 16], JSON over HTTP, and over gRPC as `add_sub (grpc)`) and a 1 MiB
-ONNX Identity (binary in and out, HTTP), each with 4 tritonclient threads on the same machine.
+`add_sub` (ONNX, FP32 [1, 16], JSON over HTTP, and over gRPC as `add_sub (grpc)`), a 1 MiB
+ONNX Identity (binary in and out, HTTP) and `identity_batched`, an Identity of 256 KiB rows that
+the dynamic batcher joins (up to 8 rows), each with 4 tritonclient threads on the same machine.
 For A/B of a change on the request path.
 
-    .venv/bin/python bench/binaries_ab.py OLD_BINARY NEW_BINARY [--reps 3] [--seconds 8]
+    .venv/bin/python bench/binaries_ab.py OLD_BINARY NEW_BINARY [--reps 3] [--seconds 8] [--models a,b]
 
 Build the older binary from a worktree or by checking it out, and copy it aside first.
 Prints a markdown table (one row per run) and the means.
@@ -25,6 +26,7 @@ import tritonclient.http as httpclient
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB_ELEMENTS = 262144
+ROW_ELEMENTS = 65536  # 256 KiB of FP32 per row of identity_batched
 
 
 def cpu_seconds(pid: int) -> float:
@@ -53,7 +55,24 @@ def make_repository(folder: Path) -> None:
         f'output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {n} ] }} ]\n')
 
 
-MODELS = ("add_sub", "add_sub (grpc)", "identity_1mib")
+    batched = folder / "identity_batched"
+    (batched / "1").mkdir(parents=True)
+    row = ROW_ELEMENTS
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])], "identity_batched",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", row])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", row])])
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = 8
+    save(onnx_model, str(batched / "1" / "model.onnx"))
+    (batched / "config.pbtxt").write_text(
+        'name: "identity_batched"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'dynamic_batching { max_queue_delay_microseconds: 500 }\n'
+        f'input [ {{ name: "X" data_type: TYPE_FP32 dims: [ {row} ] }} ]\n'
+        f'output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {row} ] }} ]\n')
+
+
+MODELS = ("add_sub", "add_sub (grpc)", "identity_1mib", "identity_batched")
 
 
 def grpc_request():
@@ -68,6 +87,11 @@ def grpc_request():
 
 
 def request(model: str):
+    if model == "identity_batched":
+        x = np.ones((1, ROW_ELEMENTS), dtype=np.float32)
+        inp = httpclient.InferInput("X", [1, ROW_ELEMENTS], "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        return [inp], [httpclient.InferRequestedOutput("Y", binary_data=True)]
     if model == "identity_1mib":
         x = np.ones(MIB_ELEMENTS, dtype=np.float32)
         inp = httpclient.InferInput("X", [MIB_ELEMENTS], "FP32")
@@ -81,7 +105,7 @@ def request(model: str):
     return inputs, None
 
 
-def measure(binary: str, repo: Path, seconds: float) -> list[tuple[str, float, float]]:
+def measure(binary: str, repo: Path, seconds: float, models) -> list[tuple[str, float, float]]:
     store = tempfile.mkdtemp(prefix="tessera-ab-store-")
     proc = subprocess.Popen([binary, "--model-repository", str(repo), "--store", store,
                              "--http-port", "18000", "--grpc-port", "18001",
@@ -100,7 +124,7 @@ def measure(binary: str, repo: Path, seconds: float) -> list[tuple[str, float, f
                 raise RuntimeError(f"{binary} not ready")
             time.sleep(0.1)
         rows = []
-        for model in MODELS:
+        for model in models:
             counts: list[int] = []
             stop = time.monotonic() + seconds
 
@@ -144,7 +168,9 @@ def main() -> None:
     parser.add_argument("new")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--models", default=",".join(MODELS), help="a comma-separated subset of " + ", ".join(MODELS))
     args = parser.parse_args()
+    models = [m for m in MODELS if m in args.models.split(",")]
     os.environ.setdefault("ORT_DYLIB_PATH", subprocess.run(
         [str(ROOT / "scripts" / "ort-dylib-path.sh")], capture_output=True, text=True,
         check=True).stdout.strip())
@@ -154,13 +180,13 @@ def main() -> None:
         results = []
         for _ in range(args.reps):
             for label, binary in (("old", args.old), ("new", args.new)):
-                results += [(label, *row) for row in measure(binary, repo, args.seconds)]
+                results += [(label, *row) for row in measure(binary, repo, args.seconds, models)]
     print("| binary | model | req/s | server CPU µs/request |")
     print("|---|---|---:|---:|")
     for label, model, rate, cpu in sorted(results, key=lambda r: (r[1], r[0])):
         print(f"| {label} | {model} | {rate:,.0f} | {cpu:,.0f} |")
     print()
-    for model in MODELS:
+    for model in models:
         means = {label: np.mean([r[3] for r in results if r[0] == label and r[1] == model])
                  for label in ("old", "new")}
         print(f"{model}: server CPU µs/request old {means['old']:,.0f}, new {means['new']:,.0f}, "
