@@ -2,7 +2,8 @@
 """Two tessera binaries side by side, alternated: server CPU per request and throughput on
 `add_sub` (ONNX, FP32 [1, 16], JSON over HTTP, and over gRPC as `add_sub (grpc)`), a 1 MiB
 ONNX Identity (binary in and out, HTTP) and `identity_batched`, an Identity of 256 KiB rows that
-the dynamic batcher joins (up to 8 rows), each with 4 tritonclient threads on the same machine.
+the dynamic batcher joins (up to 8 rows; the 4 clients make batches of up to 4), each with 4
+tritonclient threads on the same machine.
 For A/B of a change on the request path.
 
     .venv/bin/python bench/binaries_ab.py OLD_BINARY NEW_BINARY [--reps 3] [--seconds 8] [--models a,b]
@@ -170,6 +171,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--models", default=",".join(MODELS), help="a comma-separated subset of " + ", ".join(MODELS))
     args = parser.parse_args()
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(MODELS)}")
     models = [m for m in MODELS if m in args.models.split(",")]
     os.environ.setdefault("ORT_DYLIB_PATH", subprocess.run(
         [str(ROOT / "scripts" / "ort-dylib-path.sh")], capture_output=True, text=True,

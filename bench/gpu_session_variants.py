@@ -4,8 +4,9 @@
 Runs one ONNX model on the CUDA provider, no server, batches back to back, in the settings that
 differ between a bare onnxruntime session and a Tessera GPU instance: ONNX Runtime's default
 thread pools or one intra-op and one inter-op thread (the server's default), and the default
-stream or a stream of the caller's (the server gives each instance its own). Prints µs per
-batch and rows/s for each, at each batch size.
+stream or a stream of the caller's (the server gives each instance its own; made with cupy or
+torch, whichever is installed, as both are on the GPU machines here). Prints µs per batch and
+rows/s for each, at each batch size.
 
   bench/gpu_session_variants.py --wide-mlp 4096 --batches 1,8,32
   bench/gpu_session_variants.py --model model_repository/minilm

@@ -3,7 +3,7 @@
 
 For one ONNX model:
   1. Tessera: the model served with dynamic batching on the GPU (KIND_GPU, one instance),
-     clients at increasing concurrency each sending one-row requests (binary KServe v2 over HTTP,
+     clients at increasing concurrency each sending one-row requests (--rows for more; binary KServe v2 over HTTP,
      one keep-alive connection per client process): rows per second, p99 latency, server CPU time
      per inference, and the average batch the batcher formed;
   2. then, with the server stopped (the GPU to itself), the bare engine: an onnxruntime

@@ -2,9 +2,11 @@
 # Runs on a GPU machine with no network, from the parts scripts/gpu/pack.sh made in .gpu-pack/:
 # unpacks them once into /tmp/tessera-gpu, points the server and the benches at the packed ONNX
 # Runtime and at NVIDIA's CUDA libraries in python3's site-packages, then runs the GPU checks.
-#   bash scripts/gpu/run-packed.sh [e2e|bench|llm|all]      (default: all)
+#   bash scripts/gpu/run-packed.sh [e2e|bench|variants|llm|all]      (default: all)
 # e2e: scripts/gpu/e2e.sh. bench: bench/gpu_vs_ort.py on MiniLM and a wide MLP (MODELS="minilm mlp",
-# INSTANCES, CONCURRENCY, SECONDS_PER_LEVEL, ROWS per request). llm: the LLM
+# INSTANCES, CONCURRENCY, SECONDS_PER_LEVEL, ROWS per request, INTRA: the model's
+# intra_op_thread_count). variants: bench/gpu_session_variants.py (a bare session in the server's
+# settings; needs cupy or torch, as the GPU machines here have). llm: the LLM
 # engine on the GPU against the CPU (bench/llm_gpu.sh), if the pack holds the CUDA build.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -43,7 +45,11 @@ case "${1:-all}" in
     fi
     for instances in ${INSTANCES:-1}; do
       for model in ${MODELS:-minilm mlp}; do
-        case "$model" in minilm) model="--model model_repository/minilm" ;; mlp) model="--wide-mlp 4096" ;; esac
+        case "$model" in
+          minilm) model="--model model_repository/minilm" ;;
+          mlp) model="--wide-mlp 4096" ;;
+          *) echo "MODELS: minilm and/or mlp, not '$model'" >&2; exit 2 ;;
+        esac
         # shellcheck disable=SC2086
         python3 bench/gpu_vs_ort.py $model --concurrency "${CONCURRENCY:-1,4,16,64}" --seconds "${SECONDS_PER_LEVEL:-5}" \
           --load "$load" --instances "$instances" --rows "${ROWS:-1}" ${INTRA:+--intra "$INTRA"}

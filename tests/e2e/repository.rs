@@ -94,7 +94,10 @@ async fn broken_models_do_not_stop_the_others() {
         "{typo:?}"
     );
     assert!(
-        state("trt").2.contains("tensorrt_plan"),
+        state("trt").2.contains("tensorrt_plan")
+            && state("trt")
+                .2
+                .contains("\"tensorrt\" GPU execution accelerator"),
         "{:?}",
         state("trt")
     );

@@ -264,6 +264,9 @@ impl BackendKind {
             ("", "tensorrtllm") => Err(
                 "backend 'tensorrtllm' runs TensorRT-LLM engines, which tessera does not; serve the model as a GGUF file with backend: \"llamacpp\" (the same input_ids/output_ids tensors, see docs/serving-llms.md)".into(),
             ),
+            ("tensorrt_plan", "") | ("", "tensorrt") => Err(
+                "TensorRT plans (platform 'tensorrt_plan', backend 'tensorrt') are not served by tessera: serve the ONNX model with the \"tensorrt\" GPU execution accelerator instead, which builds and runs the TensorRT engine through ONNX Runtime (docs/gpu.md)".into(),
+            ),
             ("ensemble", "") => Ok(BackendKind::Ensemble),
             ("", "") => Err("the configuration names neither a platform nor a backend".into()),
             (platform, "") => Err(format!(

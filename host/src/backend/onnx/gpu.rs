@@ -2,8 +2,8 @@
 //! providers on the instance's device, running on a CUDA stream the host created for that
 //! instance. Inputs go to ONNX Runtime in ordinary host memory, and ONNX Runtime copies them to
 //! the device: staging them in page-locked (pinned) buffers of the instance's own, as this module
-//! did before, made `session.run` slower, not faster (an H100, 2026-11-27: 679 µs for a batch of 32
-//! rows of an 8×4096 MLP staged, 472 µs not; docs/benchmarks.md, "GPU").
+//! did before, made `session.run` slower, not faster (an H100, 2026-11-27: 679 µs for a batch of
+//! about 30 rows of an 8×4096 MLP staged, 472 µs not; docs/benchmarks.md, "GPU").
 
 use std::path::Path;
 use std::sync::Arc;

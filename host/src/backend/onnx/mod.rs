@@ -230,10 +230,13 @@ impl OnnxInstance {
         name: String,
     ) -> Result<Self, LoadError> {
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
+        // One value, so the session is dropped before the stream it runs on even when the
+        // thread never starts (a closure's captures drop in no promised order).
+        let owned = (session, gpu);
         std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                let mut session = session;
+                let (mut session, gpu) = owned;
                 // Ends when the instance is dropped (the model is unloaded).
                 while let Ok(job) = inbox.recv() {
                     let n = job.batch.len();
@@ -648,6 +651,7 @@ fn joined(
             .collect();
         if let Some(raw) = raw
             && first.datatype != DataType::Bool
+            && first.datatype.size().is_some()
         {
             let shape = merged_shape(first, total_rows, batched, reshape);
             let invalid = |e: crate::tensor::SizeError| {
