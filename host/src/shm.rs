@@ -319,10 +319,18 @@ mod tests {
     /// A POSIX shared-memory object of `size` bytes, unlinked when dropped.
     struct Object(CString);
 
+    /// Tests run in parallel threads of one process: each object needs its own name, or one
+    /// test's drop unlinks the object another is about to open.
+    static NEXT_OBJECT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
     impl Object {
         fn new(size: usize) -> Object {
-            let name = CString::new(format!("/tessera-test-{}-{size}", std::process::id()))
-                .expect("no NUL");
+            let serial = NEXT_OBJECT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let name = CString::new(format!(
+                "/tessera-test-{}-{serial}-{size}",
+                std::process::id()
+            ))
+            .expect("no NUL");
             // SAFETY: test setup with a valid name; the descriptor is closed at once.
             unsafe {
                 let fd = libc::shm_open(name.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);

@@ -74,8 +74,12 @@ pub fn load_or_compile(
     tracing::info!(model, path = %path.display(), "compiled-code cache miss: compiled and stored");
     let stored = (|| {
         let bytes = component.serialize().map_err(std::io::Error::other)?;
-        // Write then rename, so a crash never leaves a truncated entry behind.
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Write then rename, so a crash never leaves a truncated entry behind. The temporary
+        // name is unique per process and per call: two loads of the same component at once
+        // must not write into one file.
+        static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{serial}", std::process::id()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, &path)
     })();
