@@ -525,7 +525,9 @@ async fn rate_limiter_serves_waiting_instances_by_priority() {
             (
                 "blocker",
                 "/v2/models/blocker/infer".to_string(),
-                echo_request(0.0, 1000, 0),
+                // Long enough for both others to be seen queued behind it, one after the
+                // other, on a loaded machine.
+                echo_request(0.0, 3000, 0),
                 Then::Started("blocker", 1),
             ),
             (

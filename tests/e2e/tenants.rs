@@ -746,9 +746,14 @@ async fn a_shared_model_batches_requests_of_several_tenants() {
     server.stop();
 }
 
+/// How long the `slow` model takes per request in the noisy-neighbour test: long against the
+/// few tens of ms a loaded CI machine adds to a request now and then, so that the ratio of p99s
+/// measures the queue, not the machine.
+const SLOW_DELAY_MS: u64 = 100;
+
 /// p99 of `n` sequential requests of `client` to the `slow` model.
 async fn p99(client: &Client<'_>, n: usize) -> Duration {
-    let body = json!({ "inputs": [{ "name": "X", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }], "parameters": { "delay_ms": 20 } });
+    let body = json!({ "inputs": [{ "name": "X", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }], "parameters": { "delay_ms": SLOW_DELAY_MS } });
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         let started = Instant::now();
@@ -791,7 +796,7 @@ async fn a_flooding_tenant_does_not_starve_another_on_a_shared_model() {
                 stop.clone(),
             );
             tokio::spawn(async move {
-                let body = json!({ "inputs": [{ "name": "X", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }], "parameters": { "delay_ms": 20 } });
+                let body = json!({ "inputs": [{ "name": "X", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }], "parameters": { "delay_ms": SLOW_DELAY_MS } });
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let _ = client.post(&url).bearer_auth(&key).json(&body).send().await;
                 }

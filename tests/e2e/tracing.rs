@@ -160,13 +160,23 @@ async fn a_request_through_an_ensemble_and_bls_calls_is_one_trace_with_every_hop
         async move {
             let bls = trace_of(&spans, bls_trace);
             let ensemble = trace_of(&spans, ensemble_trace);
-            hop(&bls, "bls_branch").is_some()
+            // Every span asserted on below: a parent span ends after its children and may
+            // be exported in a later batch.
+            let parts_of = |span: &Received| {
+                ["queue", "execute"].iter().all(|part| {
+                    bls.iter()
+                        .any(|s| s.name == *part && s.parent_span_id == span.span_id)
+                })
+            };
+            bls.iter().any(|s| s.name == "request")
+                && hop(&bls, "bls_branch").is_some()
                 && bls
                     .iter()
                     .filter(|s| s.name == "infer" && s.attribute("caller") == Some("bls_branch"))
                     .count()
                     >= 2
-                && ["preprocess_text", "minilm", "pool_embeddings"]
+                && bls.iter().filter(|s| s.name == "infer").all(parts_of)
+                && ["embed_text", "preprocess_text", "minilm", "pool_embeddings"]
                     .iter()
                     .all(|m| hop(&ensemble, m).is_some())
         }

@@ -88,13 +88,18 @@ def test_one_instance_serves_many_streams_at_once(server):
     first (new requests join the running ones), and both are complete and in order."""
     stream = Stream(server)
     try:
-        stream.client.async_stream_infer("repeat_int32", repeat_inputs(list(range(20)), [25] * 20, 0),
+        # 20 responses 150 ms apart: the short one starts once the long one has begun, with
+        # seconds to spare on a loaded machine.
+        stream.client.async_stream_infer("repeat_int32", repeat_inputs(list(range(20)), [150] * 20, 0),
                                          request_id="long", enable_empty_final_response=True)
-        time.sleep(0.1)
-        stream.client.async_stream_infer("repeat_int32", repeat_inputs([1, 2], [1, 1], 0),
-                                         request_id="short", enable_empty_final_response=True)
         order = []
         per_request = {"long": [], "short": []}
+        result, error = stream.get()
+        assert error is None, error
+        assert result.get_response().id == "long" and not final_flag(result)
+        per_request["long"].append(int(result.as_numpy("OUT")[0]))
+        stream.client.async_stream_infer("repeat_int32", repeat_inputs([1, 2], [1, 1], 0),
+                                         request_id="short", enable_empty_final_response=True)
         while len(order) < 2:
             result, error = stream.get()
             assert error is None, error

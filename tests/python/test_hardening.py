@@ -358,8 +358,10 @@ def test_shutdown_closes_an_open_grpc_stream_within_the_exit_timeout(tmp_path):
 def test_sigterm_under_load_at_concurrency_16_loses_no_accepted_request(tmp_path):
     """Sixteen clients keep a slow model busy (four instances, 300 ms per request, so most
     requests wait in its queue); SIGTERM arrives. Every request that was in flight then (its
-    bytes sent at least 100 ms before) is answered 200 with its own answer; requests that come
-    after are refused (connection refused, or 503), never cut off; the server exits cleanly."""
+    bytes sent at least 500 ms before: surely accepted, even on a loaded machine, where a new
+    connection may wait in the kernel's backlog a while) is answered 200 with its own answer;
+    requests that come after are refused (connection refused, or 503), never cut off; the
+    server exits cleanly."""
     import http.client
     import json as json_lib
     import threading
@@ -416,7 +418,7 @@ def test_sigterm_under_load_at_concurrency_16_loses_no_accepted_request(tmp_path
     try:
         for t in threads:
             t.start()
-        time.sleep(2.0)  # the queue is full and steady
+        time.sleep(3.0)  # the queue is full and steady
         sigterm_at[0] = time.monotonic()
         proc.terminate()
         proc.wait(timeout=60)
@@ -425,8 +427,8 @@ def test_sigterm_under_load_at_concurrency_16_loses_no_accepted_request(tmp_path
         assert proc.returncode == 0, proc.returncode
     finally:
         stop(proc, log)
-    in_flight = [o for sent, o in outcomes if sent is not None and sent < sigterm_at[0] - 0.1]
-    later = [o for sent, o in outcomes if sent is None or sent >= sigterm_at[0] - 0.1]
+    in_flight = [o for sent, o in outcomes if sent is not None and sent < sigterm_at[0] - 0.5]
+    later = [o for sent, o in outcomes if sent is None or sent >= sigterm_at[0] - 0.5]
     assert len(in_flight) >= 32, f"too little load to test: {len(in_flight)}"
     assert all(o == "ok" for o in in_flight), [o for o in in_flight if o != "ok"][:5]
     # After SIGTERM: answered, or refused as a whole; a 503 is a refusal too. Never a wrong
@@ -872,7 +874,8 @@ def test_a_stream_that_stalls_its_own_reading_loses_its_connection_at_the_deadli
         assert h2c.closed_within(30), ("the server kept the stalled stream's connection",
                                        h2c.headers, metric(srv, "tessera_buffered_bytes"))
         assert time.monotonic() - started >= 7.5, "closed before the message's deadline"
-        assert metric(srv, "tessera_buffered_bytes") == 0
+        # Released when the connection's tasks are dropped, just after the socket closes.
+        wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0)
     finally:
         h2c.close()
     assert not isinstance(_echo_grpc(srv, 4), InferenceServerException)
@@ -1047,7 +1050,7 @@ def test_a_client_that_stops_reading_is_disconnected_after_the_send_timeout(tmp_
             wait_for(lambda: metric(srv, "tessera_buffered_bytes") >= 10_000_000, timeout=20)
             assert h2c.closed_within(20), \
                 "the server kept the connection of a stream it could not answer"
-            assert metric(srv, "tessera_buffered_bytes") == 0
+            wait_for(lambda: metric(srv, "tessera_buffered_bytes") == 0)
         finally:
             h2c.close()
     finally:

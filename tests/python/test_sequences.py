@@ -208,7 +208,8 @@ def test_an_onnx_model_gets_its_implicit_state_from_the_host(seq_server):
 
 
 def test_idle_sequences_are_released_and_a_full_set_of_slots_makes_the_next_wait(seq_server):
-    """sequence_sum has 4 slots (oldest, max_candidate_sequences: 4) and a 0.3 s idle limit."""
+    """sequence_sum has 4 slots (oldest, max_candidate_sequences: 4) and a 3 s idle limit
+    (long enough that no other test's sequence expires between its steps on a loaded machine)."""
     client = grpc_client(seq_server)
     try:
         expired = metric(seq_server, "tessera_sequences_expired_total", "sequence_sum")
@@ -254,7 +255,7 @@ def test_a_reloaded_model_refuses_the_sequences_of_before(seq_server):
         client.load_model("sequence_sum")  # unchanged: keeps serving, sequences and all
         assert sum_step(client, 9300, 3)[0] == 6
         config = client.get_model_config("sequence_sum", as_json=True)["config"]
-        config["sequence_batching"]["max_sequence_idle_microseconds"] = "400000"
+        config["sequence_batching"]["max_sequence_idle_microseconds"] = "4000000"
         client.load_model("sequence_sum", config=__import__("json").dumps(config))
         with pytest.raises(InferenceServerException) as e:
             sum_step(client, 9300, 4)
