@@ -38,6 +38,75 @@ fn model_config_descriptor() -> prost_reflect::MessageDescriptor {
         .expect("the schema defines inference.ModelConfig")
 }
 
+/// The same schema with every map field read as what it is on the wire, a list of key/value
+/// entry messages. A map of a dynamic message is a `HashMap`, whose order differs from one
+/// instance to the next; as a list its entries can be put in key order, so the same
+/// configuration always has the same text (a redeploy of it must hash as unchanged).
+static LISTED_MAPS: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    let mut set = DESCRIPTORS
+        .file_descriptor_protos()
+        .cloned()
+        .collect::<Vec<_>>();
+    fn unmark(message: &mut prost_reflect::prost_types::DescriptorProto) {
+        if let Some(options) = message.options.as_mut() {
+            options.map_entry = None;
+        }
+        message.nested_type.iter_mut().for_each(unmark);
+    }
+    for file in &mut set {
+        file.message_type.iter_mut().for_each(unmark);
+    }
+    DescriptorPool::from_file_descriptor_set(prost_reflect::prost_types::FileDescriptorSet {
+        file: set,
+    })
+    .expect("the same schema, with map entries as plain messages")
+});
+
+/// Puts the entries of every map field of `message`, at any depth, in key order.
+fn sort_map_entries(message: &mut DynamicMessage, maps: &prost_reflect::MessageDescriptor) {
+    use prost_reflect::{Kind, Value};
+    for (field, value) in message.fields_mut() {
+        // A field is a map in the real schema (`maps`): here it is a list of entries.
+        let is_map = maps.get_field(field.number()).is_some_and(|f| f.is_map());
+        let nested = match maps.get_field(field.number()).map(|f| f.kind()) {
+            Some(Kind::Message(m)) => m,
+            _ => continue,
+        };
+        match value {
+            Value::List(items) if is_map => {
+                let key = |v: &Value| match v {
+                    Value::Message(entry) => entry
+                        .get_field_by_name("key")
+                        .map(|k| format!("{:?}", k.as_ref()))
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                };
+                items.sort_by_cached_key(key);
+                let entry_value = nested.get_field_by_name("value").map(|f| f.kind());
+                if let Some(Kind::Message(value_desc)) = entry_value {
+                    for item in items.iter_mut() {
+                        if let Value::Message(entry) = item
+                            && let Some(Value::Message(inner)) =
+                                entry.get_field_by_name_mut("value")
+                        {
+                            sort_map_entries(inner, &value_desc);
+                        }
+                    }
+                }
+            }
+            Value::List(items) => {
+                for item in items.iter_mut() {
+                    if let Value::Message(inner) = item {
+                        sort_map_entries(inner, &nested);
+                    }
+                }
+            }
+            Value::Message(inner) => sort_map_entries(inner, &nested),
+            _ => {}
+        }
+    }
+}
+
 /// A configuration that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -190,12 +259,18 @@ pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
         .map_err(|e| ConfigError::Invalid(format!("config: {e}")))
 }
 
-/// The configuration in protobuf text format, as `config.pbtxt` holds it.
+/// The configuration in protobuf text format, as `config.pbtxt` holds it: the same
+/// configuration gives the same text, maps' entries in key order.
 pub fn to_text(config: &ModelConfig) -> String {
-    let mut message = DynamicMessage::new(model_config_descriptor());
-    if message.transcode_from(config).is_err() {
+    let descriptor = LISTED_MAPS
+        .get_message_by_name("inference.ModelConfig")
+        .expect("the schema defines inference.ModelConfig");
+    let Ok(mut message) =
+        DynamicMessage::decode(descriptor, prost::Message::encode_to_vec(config).as_slice())
+    else {
         return String::new();
-    }
+    };
+    sort_map_entries(&mut message, &model_config_descriptor());
     message
         .to_text_format_with_options(&prost_reflect::text_format::FormatOptions::new().pretty(true))
 }
@@ -396,8 +471,35 @@ mod tests {
         assert_eq!(string_parameter(&config, "offset"), Some("2"));
         let text = to_text(&config);
         assert_eq!(parse(&text, "round trip").expect("text parses"), config);
+        assert!(text.contains("key: \"offset\""), "{text}");
         assert!(from_json(r#"{"nmae": "typo"}"#).is_err(), "unknown field");
         assert!(from_json(r#"{"name": "m"} trailing"#).is_err());
+    }
+
+    #[test]
+    fn the_same_configuration_always_has_the_same_text() {
+        // Maps at two depths: the model's parameters, and an ensemble step's input map.
+        let params: Vec<String> = (0..12)
+            .map(|i| format!(r#""p{i}": {{"string_value": "{i}"}}"#))
+            .collect();
+        let json = format!(
+            r#"{{"name": "m", "platform": "ensemble", "parameters": {{{}}},
+            "ensemble_scheduling": {{"step": [{{"model_name": "a", "model_version": -1,
+              "input_map": {{"x": "X", "y": "Y", "z": "Z", "w": "W"}},
+              "output_map": {{"o": "O"}}}}]}}}}"#,
+            params.join(", ")
+        );
+        let first = to_text(&from_json(&json).expect("parses"));
+        for _ in 0..20 {
+            // Each parse makes new maps, each with its own iteration order.
+            let config = from_json(&json).expect("parses");
+            assert_eq!(to_text(&config), first);
+            assert_eq!(parse(&first, "text").expect("parses"), config);
+        }
+        let p0 = first.find("\"p0\"").expect("p0");
+        let p11 = first.find("\"p11\"").expect("p11");
+        let p2 = first.find("\"p2\"").expect("p2");
+        assert!(p0 < p11 && p11 < p2, "keys in order: {first}");
     }
 
     #[test]
