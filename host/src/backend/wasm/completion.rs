@@ -108,8 +108,7 @@ async fn call(
     store.limiter(|s| &mut s.limiter);
     // As for an `execute`: the epoch yields to the executor, the deadline bounds the wall
     // clock, fuel the instructions.
-    store.epoch_deadline_async_yield_and_update(1);
-    store.set_epoch_deadline(1);
+    super::epoch::yield_each_tick(&mut store);
     limits
         .refuel(&mut store)
         .map_err(|e| LoadError::runtime(format!("{e:#}")))?;

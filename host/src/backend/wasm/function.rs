@@ -315,8 +315,7 @@ impl WasmFunction {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         // Each epoch tick yields, so the time limit can fire while the guest computes.
-        store.epoch_deadline_async_yield_and_update(1);
-        store.set_epoch_deadline(1);
+        super::epoch::yield_each_tick(&mut store);
         limits
             .refuel(&mut store)
             .map_err(|e| self.failed(format!("{e:#}")))?;

@@ -65,8 +65,7 @@ impl WasmModel {
         store.limiter(|s| &mut s.limiter);
         // Each epoch tick yields to the executor, so the deadline timer can fire and a
         // looping guest never holds a worker thread for longer than a tick.
-        store.epoch_deadline_async_yield_and_update(1);
-        store.set_epoch_deadline(1);
+        super::epoch::yield_each_tick(&mut store);
         self.limits.refuel(&mut store).map_err(|e| e.to_string())?;
         let running = store.data().guest_running();
         let instantiated = match &self.pre {
