@@ -1019,9 +1019,17 @@ impl Server {
             }
             checked.push((relative, bytes));
         }
+        // Two names of one file (`1/x` and `1//x`): one would be dropped without a word.
+        let mut paths = std::collections::HashSet::with_capacity(checked.len());
+        for (path, _) in &checked {
+            if !paths.insert(path.as_path()) {
+                return Err(ControlError::Invalid(format!(
+                    "failed to load '{name}': the file '{}' is given twice",
+                    path.display()
+                )));
+            }
+        }
         // One file's path may not be a folder of another's (`1` beside `1/model.wasm`).
-        let paths: std::collections::HashSet<&std::path::Path> =
-            checked.iter().map(|(p, _)| p.as_path()).collect();
         for (path, _) in &checked {
             if let Some(clash) = path.ancestors().skip(1).find(|a| paths.contains(a)) {
                 return Err(ControlError::Invalid(format!(

@@ -329,6 +329,14 @@ async fn bad_deployments_are_refused_and_change_nothing() {
             "invalid file path",
         ),
         (
+            "one file named twice",
+            "bad",
+            config.clone(),
+            vec![("1/model.wasm", &wasm), ("1//model.wasm", &wasm)],
+            400,
+            "is given twice",
+        ),
+        (
             "slash in name",
             "a%2Fb",
             config.clone(),

@@ -285,8 +285,9 @@ async fn a_body_cut_by_a_trap_or_the_time_limit_does_not_read_as_complete() {
     // A body that completes still reads as complete.
     let (status, text, cut) = read_streamed(&server, "/v1/functions/function_probe/big?1").await;
     assert_eq!((status, text.len(), cut), (200, 1024, false));
-    // An informational status is no answer (hyper would switch protocols on a 101).
-    for code in [100, 101, 103] {
+    // An informational status is no answer (hyper would switch protocols on a 101), nor is a
+    // number past 599.
+    for code in [100, 101, 103, 600, 999] {
         let (status, text) = get(
             &server,
             &format!("/v1/functions/function_probe/status?{code}"),

@@ -155,6 +155,8 @@ def test_extreme_batch_and_priority_settings_load_without_allocating_for_them(st
     status, _, body = _load_string_identity(strings_server, config)
     assert status == 200, body
     _string_identity_answers(strings_server, b"huge", priority=1 << 40)
+    # Triton's priority is a uint64: past 2^63 too, the lowest level, not a 400.
+    _string_identity_answers(strings_server, b"past 2^63", priority=(1 << 64) - 1)
     _string_identity_answers(strings_server, b"any level", priority=3)
     rss_kb = next(int(line.split()[1]) for line in
                   Path(f"/proc/{pid}/status").read_text().splitlines()

@@ -423,6 +423,17 @@ def test_a_client_leaving_a_unary_generation_frees_its_engine_slot(server, path,
 HI = [{"role": "user", "content": "hi"}]
 
 
+def test_sampling_without_a_seed_differs_between_requests_and_a_seed_repeats(openai_client):
+    """As OpenAI's: no seed, a fresh one per request; the same seed, the same text."""
+    def sample(**seed):
+        return openai_client.completions.create(model=BLS, prompt="Once upon a time",
+                                                max_tokens=16, temperature=1.5,
+                                                **seed).choices[0].text
+    unseeded = {sample() for _ in range(3)}
+    assert len(unseeded) > 1, unseeded
+    assert sample(seed=7) == sample(seed=7)
+
+
 @pytest.mark.parametrize("body, says, param", [
     (b"{not json", "not a valid request", None),
     ({"model": BLS}, "'messages' is required", None),
@@ -431,6 +442,10 @@ HI = [{"role": "user", "content": "hi"}]
     ({"model": BLS, "messages": HI, "n": 2, "tools": []}, "n, tools are not supported", None),
     ({"model": BLS, "messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
     ({"model": BLS, "messages": HI, "temperature": -2}, "temperature", "temperature"),
+    ({"model": BLS, "messages": HI, "top_p": 0}, "top_p must be in (0, 1]", "top_p"),
+    ({"model": BLS, "messages": HI, "max_tokens": 2**31}, "max_tokens 2147483648 is more",
+     "max_tokens"),
+    ({"model": BLS, "messages": [{"role": "wizard", "content": "hi"}]}, "role 'wizard'", None),
     # Refused by the engine, in the engine's words (request_output_len, runtime_top_p), which
     # the BLS model puts back into its own input names, which are OpenAI's.
     ({"model": BLS, "messages": HI, "max_tokens": 100000}, "max_tokens must", "max_tokens"),

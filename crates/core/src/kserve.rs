@@ -128,8 +128,13 @@ pub fn scheduling_parameters(
     params: &BTreeMap<String, ParamValue>,
 ) -> Result<(u32, Option<Duration>), InferError> {
     let get = |key: &str| param_u64_in(params.get(key), key);
-    // Triton's priority is a uint64; one past the model's levels is its lowest level anyway.
-    let priority = u32::try_from(get("priority")?.unwrap_or(0)).unwrap_or(u32::MAX);
+    // Triton's priority is a uint64 (read bit for bit: past 2^63 it arrives as a negative
+    // int64); one past the model's levels is its lowest level anyway.
+    let priority = match params.get("priority") {
+        Some(ParamValue::Int(n)) => u64::from_ne_bytes(n.to_ne_bytes()),
+        _ => get("priority")?.unwrap_or(0),
+    };
+    let priority = u32::try_from(priority).unwrap_or(u32::MAX);
     let timeout = get("timeout")?
         .filter(|&t| t > 0)
         .map(Duration::from_micros);
@@ -245,7 +250,7 @@ fn param_u64_in(value: Option<&ParamValue>, key: &str) -> Result<Option<u64>, In
         None => Ok(None),
         Some(ParamValue::Int(n)) if *n >= 0 => Ok(Some(n.unsigned_abs())),
         Some(_) => Err(InferError::invalid(format!(
-            "parameter '{key}' must be a non-negative integer"
+            "parameter '{key}' must be an integer from 0 to 2^63-1"
         ))),
     }
 }
@@ -333,6 +338,12 @@ pub fn decode_request_with(
                 let bytes =
                     read_shared_input(regions, &input.name, datatype, &input.shape, &place)?;
                 decode_binary(&input.name, datatype, bytes)?
+            }
+            (None, Some(_)) if input.data.is_some() => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has both binary data and data",
+                    input.name
+                )));
             }
             (None, Some(size)) => {
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
@@ -931,6 +942,19 @@ mod tests {
         assert_eq!(
             r.inputs[0].data,
             TensorData::Elements(vec![Bytes::from_static(b"abc"), Bytes::new()])
+        );
+    }
+
+    #[test]
+    fn an_input_with_binary_data_and_data_is_refused() {
+        let header = br#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1.0],"parameters":{"binary_data_size":4}}]}"#;
+        let mut body = header.to_vec();
+        body.extend_from_slice(&2.0f32.to_le_bytes());
+        let e = decode(&body, Some(header.len())).expect_err("refused");
+        assert!(
+            e.message.contains("both binary data and data"),
+            "{}",
+            e.message
         );
     }
 

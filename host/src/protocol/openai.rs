@@ -33,6 +33,16 @@ use crate::tensor::{DataType, Tensor, TensorData};
 /// Tokens generated when a request sets no `max_tokens` (chat: the model's own bound applies
 /// too; completions: OpenAI's default is 16).
 const DEFAULT_CHAT_MAX_TOKENS: i64 = 512;
+/// The roles OpenAI's chat API takes; any other is a client's mistake, answered 400 as OpenAI
+/// does rather than rendered into the prompt.
+const CHAT_ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
 const DEFAULT_COMPLETION_MAX_TOKENS: i64 = 16;
 
 /// Which endpoint a request came to.
@@ -317,6 +327,13 @@ pub fn prepare(
             }
             let mut plain = Vec::with_capacity(messages.len());
             for m in messages {
+                if !CHAT_ROLES.contains(&m.role.as_str()) {
+                    return Err(invalid(format!(
+                        "message role '{}' is not one of {}",
+                        m.role.escape_default(),
+                        CHAT_ROLES.join(", ")
+                    )));
+                }
                 let content = match m.content {
                     None => String::new(),
                     Some(Content::Text(text)) => text,
@@ -359,9 +376,14 @@ pub fn prepare(
         .max_completion_tokens
         .or(body.max_tokens)
         .unwrap_or(default);
-    if !(1..=i64::from(i32::MAX)).contains(&max_tokens) {
+    if max_tokens < 1 {
         return Err(invalid(format!(
             "max_tokens must be at least 1, got {max_tokens}"
+        )));
+    }
+    if max_tokens > i64::from(i32::MAX) {
+        return Err(invalid(format!(
+            "max_tokens {max_tokens} is more than any model's context holds"
         )));
     }
     inputs.push(scalar_tensor(
@@ -392,6 +414,14 @@ pub fn prepare(
         Ok(())
     };
     float("temperature", body.temperature)?;
+    // OpenAI's range; the engine's `top_p` 0 means "off", which is not what a client asking
+    // for 0 means.
+    if body.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+        return Err(invalid(format!(
+            "top_p must be in (0, 1], got {}",
+            body.top_p.unwrap_or_default()
+        )));
+    }
     float("top_p", body.top_p)?;
     float("presence_penalty", body.presence_penalty)?;
     float("frequency_penalty", body.frequency_penalty)?;
@@ -416,8 +446,14 @@ pub fn prepare(
             n.to_le_bytes().to_vec(),
         ));
     }
-    if let Some(seed) = body.seed {
-        let seed = u64::try_from(seed).map_err(|_| invalid("seed must be >= 0"))?;
+    // Without a seed each request samples differently, as OpenAI's does (the engine's own
+    // default, TensorRT-LLM's, is one fixed seed).
+    let seed = match body.seed {
+        Some(seed) => Some(u64::try_from(seed).map_err(|_| invalid("seed must be >= 0"))?),
+        None if has_input("seed") => getrandom::u64().ok(),
+        None => None,
+    };
+    if let Some(seed) = seed {
         inputs.push(scalar_tensor(
             "seed",
             DataType::Uint64,

@@ -379,13 +379,19 @@ impl WasmFunction {
         });
 
         match tokio::time::timeout_at(deadline, receiver).await {
-            Ok(Ok(Ok(response))) if response.status().is_informational() => {
-                // hyper would send a 101 as a protocol switch, and the connection is lost.
+            Ok(Ok(Ok(response))) if !(200..=599).contains(&response.status().as_u16()) => {
+                // hyper would send a 101 as a protocol switch, and the connection is lost; a
+                // status past 599 is no HTTP status clients know.
                 let status = response.status().as_u16();
                 drop(response);
                 task.abort();
+                let kind = if status < 200 {
+                    "an informational status"
+                } else {
+                    "not an HTTP status"
+                };
                 Err(self.failed(format!(
-                    "it answered with status {status}, an informational status; a function answers with a final status (200-599)"
+                    "it answered with status {status}, {kind}; a function answers with a final status (200-599)"
                 )))
             }
             Ok(Ok(Ok(response))) => {
