@@ -533,3 +533,19 @@ def test_sequential_mixed_requests_after_errors(server, client):
         assert_error(status, body, (400,))
         status, _, body = server.post_json(ADD_SUB_INFER, good_add_sub_json(batch=2))
         assert status == 200, body
+
+
+def test_nan_and_infinities_travel_as_json_the_way_triton_writes_them(client):
+    """tritonclient with binary_data=False writes NaN and infinities as Python's json does
+    (`NaN`, `Infinity`, `-Infinity`), and Triton writes them back the same way (rapidjson's
+    NaN-and-Inf flags); they used to be refused on the way in and written as null on the way
+    out. Overflow in float32 arithmetic (3e38 + 3e38) is an infinity too."""
+    a = np.array([[np.nan, np.inf, -np.inf, 3e38] + [1.0] * 12], dtype=np.float32)
+    b = np.array([[1.0, 1.0, 1.0, 3e38] + [1.0] * 12], dtype=np.float32)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=False) for n in ("OUTPUT0", "OUTPUT1")]
+    r = client.infer("add_sub", add_sub_inputs(a, b, binary_data=False), outputs=outputs)
+    total, diff = r.as_numpy("OUTPUT0"), r.as_numpy("OUTPUT1")
+    assert np.isnan(total[0, 0]) and np.isnan(diff[0, 0])
+    assert total[0, 1] == np.inf and total[0, 2] == -np.inf and total[0, 3] == np.inf
+    assert diff[0, 3] == 0.0
+    assert (total[0, 4:] == 2.0).all()

@@ -265,6 +265,61 @@ fn param_bool(params: Option<&Parameters>, key: &str) -> Result<bool, InferError
     }
 }
 
+/// The JSON with Triton's non-standard numbers (`NaN`, `Infinity`, `-Infinity`, `Inf`,
+/// `-Inf`, which rapidjson reads with kParseNanAndInfFlag and Python's `json` writes) turned
+/// into the strings `"NaN"`, `"Infinity"` and `"-Infinity"`, which float data takes; None when
+/// it has none (the common case costs one scan, no copy).
+fn quote_non_finite(json: &[u8]) -> Option<Vec<u8>> {
+    const TOKENS: [(&[u8], &[u8]); 5] = [
+        (b"NaN", b"\"NaN\""),
+        (b"Infinity", b"\"Infinity\""),
+        (b"-Infinity", b"\"-Infinity\""),
+        (b"Inf", b"\"Infinity\""),
+        (b"-Inf", b"\"-Infinity\""),
+    ];
+    let mut out: Option<Vec<u8>> = None;
+    let (mut i, mut copied) = (0, 0);
+    let mut in_string = false;
+    while i < json.len() {
+        let b = json[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if matches!(b, b'N' | b'I' | b'-') {
+            let rest = &json[i..];
+            let found = TOKENS.iter().find(|(token, _)| {
+                rest.starts_with(token)
+                    && !rest
+                        .get(token.len())
+                        .is_some_and(|next| next.is_ascii_alphanumeric())
+            });
+            if let Some((token, quoted)) = found {
+                let out = out.get_or_insert_with(|| Vec::with_capacity(json.len() + 16));
+                out.extend_from_slice(&json[copied..i]);
+                out.extend_from_slice(quoted);
+                i += token.len();
+                copied = i;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    let mut out = out?;
+    out.extend_from_slice(&json[copied..]);
+    Some(out)
+}
+
 /// Decodes a request body. `header_length` is the `Inference-Header-Content-Length` header.
 /// Binary tensor data stays in `body`: each binary input is a slice of it, not a copy.
 pub fn decode_request(
@@ -290,6 +345,8 @@ pub fn decode_request_with(
         Some(n) => (&body[..n], body.slice(n..)),
         None => (&body[..], Bytes::new()),
     };
+    let quoted = quote_non_finite(json);
+    let json = quoted.as_deref().unwrap_or(json);
     let parsed: RequestJson = serde_json::from_slice(json)
         .map_err(|e| InferError::invalid(format!("failed to parse the request JSON: {e}")))?;
     let all_binary = param_bool(parsed.parameters.as_ref(), "binary_data_output")?;
@@ -532,6 +589,21 @@ impl ElementSink<'_> {
     }
 
     fn push_str<E: de::Error>(&mut self, v: &str) -> Result<(), E> {
+        // Triton's NaN and infinities (see `quote_non_finite`), in float data only.
+        let non_finite = match v {
+            "NaN" => Some(f64::NAN),
+            "Infinity" => Some(f64::INFINITY),
+            "-Infinity" => Some(f64::NEG_INFINITY),
+            _ => None,
+        };
+        if let Some(value) = non_finite
+            && matches!(
+                self.datatype,
+                DataType::Fp16 | DataType::Fp32 | DataType::Fp64
+            )
+        {
+            return self.push_float(value);
+        }
         self.admit()?;
         match self.datatype {
             DataType::Bytes => self.elements.push(Bytes::copy_from_slice(v.as_bytes())),
@@ -724,6 +796,72 @@ pub enum Placement {
     SharedMemory,
 }
 
+/// Whether a floating-point tensor holds a NaN or an infinity.
+fn has_non_finite(tensor: &Tensor) -> bool {
+    let TensorData::Raw(raw) = &tensor.data else {
+        return false;
+    };
+    match tensor.datatype {
+        DataType::Fp16 => raw
+            .chunks_exact(2)
+            .any(|c| !half::f16::from_le_bytes([c[0], c[1]]).is_finite()),
+        DataType::Fp32 => raw
+            .chunks_exact(4)
+            .any(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+        DataType::Fp64 => raw
+            .chunks_exact(8)
+            .any(|c| !f64::from_le_bytes(c.try_into().unwrap_or([0; 8])).is_finite()),
+        _ => false,
+    }
+}
+
+/// A floating-point tensor's elements as a JSON array, non-finite ones as Triton writes them.
+fn write_floats(out: &mut Vec<u8>, tensor: &Tensor) {
+    fn one<T: serde::Serialize>(out: &mut Vec<u8>, value: T, as_f64: f64) {
+        if as_f64.is_nan() {
+            out.extend_from_slice(b"NaN");
+        } else if as_f64.is_infinite() {
+            out.extend_from_slice(if as_f64 > 0.0 {
+                b"Infinity"
+            } else {
+                b"-Infinity"
+            });
+        } else {
+            // A finite number: serde_json's shortest form, as every other response has it.
+            let _ = serde_json::to_writer(&mut *out, &value);
+        }
+    }
+    let TensorData::Raw(raw) = &tensor.data else {
+        return;
+    };
+    out.push(b'[');
+    let size = match tensor.datatype {
+        DataType::Fp16 => 2,
+        DataType::Fp32 => 4,
+        _ => 8,
+    };
+    for (i, c) in raw.chunks_exact(size).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        match tensor.datatype {
+            DataType::Fp16 => {
+                let v = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                one(out, v, f64::from(v));
+            }
+            DataType::Fp32 => {
+                let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                one(out, v, f64::from(v));
+            }
+            _ => {
+                let v = f64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+                one(out, v, v);
+            }
+        }
+    }
+    out.push(b']');
+}
+
 struct OutputEntry<'a> {
     tensor: &'a Tensor,
     placement: Placement,
@@ -831,9 +969,31 @@ pub fn encode_response_placed(
     if !map.is_empty() {
         body.push(b',');
     }
-    body.extend_from_slice(b"\"outputs\":");
-    serde_json::to_writer(&mut body, &entries).map_err(|e| InferError::invalid(e.to_string()))?;
-    body.push(b'}');
+    body.extend_from_slice(b"\"outputs\":[");
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        if entry.placement == Placement::Json && has_non_finite(entry.tensor) {
+            // serde_json writes NaN and infinities as `null`; Triton writes `NaN`, `Infinity`
+            // and `-Infinity` (rapidjson's kWriteNanAndInfFlag), which its clients read back.
+            let fields = OutputEntry {
+                tensor: entry.tensor,
+                placement: Placement::SharedMemory, // name, datatype and shape only
+                binary_size: 0,
+            };
+            serde_json::to_writer(&mut body, &fields)
+                .map_err(|e| InferError::invalid(e.to_string()))?;
+            body.pop(); // the closing brace
+            body.extend_from_slice(b",\"data\":");
+            write_floats(&mut body, entry.tensor);
+            body.push(b'}');
+        } else {
+            serde_json::to_writer(&mut body, entry)
+                .map_err(|e| InferError::invalid(e.to_string()))?;
+        }
+    }
+    body.extend_from_slice(b"]}");
     if payloads.is_empty() {
         return Ok(EncodedResponse {
             body,
@@ -1164,6 +1324,73 @@ mod tests {
         assert_eq!(decode_bytes_elements(&encoded), Ok(items));
         assert!(decode_bytes_elements(&Bytes::from_static(&[1, 0, 0])).is_err());
         assert!(decode_bytes_elements(&Bytes::from_static(&[5, 0, 0, 0, b'a'])).is_err());
+    }
+
+    #[test]
+    fn non_finite_inputs_are_read_as_triton_reads_them() {
+        let body = br#"{"inputs":[{"name":"x","shape":[6],"datatype":"FP32","data":[NaN, Infinity,-Infinity,Inf,-Inf,1.5]},
+            {"name":"s","shape":[2],"datatype":"BYTES","data":["NaN Infinity \" NaN","Inf"]}]}"#;
+        let request = decode(body, None).expect("decodes");
+        let TensorData::Raw(raw) = &request.inputs[0].data else {
+            panic!("raw")
+        };
+        let values: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert!(values[0].is_nan());
+        assert_eq!(
+            values[1..],
+            [
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                1.5
+            ]
+        );
+        // Inside strings nothing changes.
+        let TensorData::Elements(items) = &request.inputs[1].data else {
+            panic!("elements")
+        };
+        assert_eq!(&items[0][..], b"NaN Infinity \" NaN");
+        assert_eq!(&items[1][..], b"Inf");
+        // In integer data, and as a bare word elsewhere, it is still an error.
+        let int = br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[NaN]}]}"#;
+        assert!(decode(int, None).is_err());
+        assert!(
+            decode(
+                br#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[Nope]}]}"#,
+                None
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn non_finite_outputs_are_written_as_triton_writes_them() {
+        let values = [1.5f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        let response = InferResponse {
+            outputs: vec![
+                Tensor::from_f32("y", vec![4], &values),
+                Tensor::from_f32("z", vec![1], &[0.25]),
+            ],
+            ..Default::default()
+        };
+        let encoded = encode_response(&response, |_| false).expect("encodes");
+        let text = String::from_utf8(encoded.body).expect("utf-8");
+        assert!(
+            text.contains(r#""data":[1.5,NaN,Infinity,-Infinity]}"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""data":[0.25]}"#), "{text}");
+        // Everything else is JSON as before.
+        let standard = text
+            .replace("-Infinity", "0")
+            .replace("Infinity", "0")
+            .replace("NaN", "0");
+        let json: Value = serde_json::from_str(&standard).expect("JSON around the tokens");
+        assert_eq!(json["outputs"][0]["shape"], serde_json::json!([4]));
     }
 
     #[test]
