@@ -117,24 +117,31 @@ async fn looping_guest_hits_its_deadline() {
     misbehaves(&start().await, "guest_loop", 503, "deadline").await;
 }
 
-/// The looping fixture with a fuel budget (and a deadline too long to be what stops it).
-fn fuel_budgeted_loop() -> std::path::PathBuf {
-    let repo = crate::harness::temp_dir("fuel-repo");
+/// A copy of the looping fixture as `name`, its configuration edited by `replace` (pairs of
+/// texts) and followed by `extra`.
+fn loop_copy(name: &str, replace: &[(&str, &str)], extra: &str) -> std::path::PathBuf {
+    let repo = crate::harness::temp_dir(&format!("{name}-repo"));
     let from = fixtures_repo().join("guest_loop");
-    let to = repo.join("guest_fuel");
+    let to = repo.join(name);
     std::fs::create_dir_all(to.join("1")).expect("model dir");
     std::fs::copy(from.join("1/model.wasm"), to.join("1/model.wasm")).expect("component");
-    let config = std::fs::read_to_string(from.join("config.pbtxt"))
+    let mut config = std::fs::read_to_string(from.join("config.pbtxt"))
         .expect("config")
-        .replace("name: \"guest_loop\"", "name: \"guest_fuel\"")
-        .replace("string_value: \"500\"", "string_value: \"60000\"");
-    std::fs::write(
-        to.join("config.pbtxt"),
-        config
-            + "parameters {\n  key: \"fuel_per_execute\"\n  value { string_value: \"50000000\" }\n}\n",
-    )
-    .expect("config written");
+        .replace("name: \"guest_loop\"", &format!("name: \"{name}\""));
+    for (old, new) in replace {
+        config = config.replace(old, new);
+    }
+    std::fs::write(to.join("config.pbtxt"), config + extra).expect("config written");
     repo
+}
+
+/// The looping fixture with a fuel budget (and a deadline too long to be what stops it).
+fn fuel_budgeted_loop() -> std::path::PathBuf {
+    loop_copy(
+        "guest_fuel",
+        &[("string_value: \"500\"", "string_value: \"60000\"")],
+        "parameters {\n  key: \"fuel_per_execute\"\n  value { string_value: \"50000000\" }\n}\n",
+    )
 }
 
 #[tokio::test]
@@ -195,21 +202,17 @@ async fn a_stuck_guest_does_not_block_others() {
 
 /// The looping fixture as `guest_loops`: `count` instances, stopped after `deadline_ms`.
 fn looping_instances(count: u32, deadline_ms: u32) -> std::path::PathBuf {
-    let repo = crate::harness::temp_dir("loops-repo");
-    let from = fixtures_repo().join("guest_loop");
-    let to = repo.join("guest_loops");
-    std::fs::create_dir_all(to.join("1")).expect("model dir");
-    std::fs::copy(from.join("1/model.wasm"), to.join("1/model.wasm")).expect("component");
-    let config = std::fs::read_to_string(from.join("config.pbtxt"))
-        .expect("config")
-        .replace("name: \"guest_loop\"", "name: \"guest_loops\"")
-        .replace("count: 1", &format!("count: {count}"))
-        .replace(
-            "string_value: \"500\"",
-            &format!("string_value: \"{deadline_ms}\""),
-        );
-    std::fs::write(to.join("config.pbtxt"), config).expect("config written");
-    repo
+    loop_copy(
+        "guest_loops",
+        &[
+            ("count: 1", &format!("count: {count}")),
+            (
+                "string_value: \"500\"",
+                &format!("string_value: \"{deadline_ms}\""),
+            ),
+        ],
+        "",
+    )
 }
 
 /// Guests share the async workers with every request, and a looping one yields at each epoch
