@@ -432,6 +432,8 @@ def test_sampling_without_a_seed_differs_between_requests_and_a_seed_repeats(ope
     unseeded = {sample() for _ in range(3)}
     assert len(unseeded) > 1, unseeded
     assert sample(seed=7) == sample(seed=7)
+    # top_p 0 keeps only the most likely token (the engine's own 0 means "off").
+    assert len({sample(top_p=0) for _ in range(2)}) == 1
 
 
 @pytest.mark.parametrize("body, says, param", [
@@ -442,10 +444,12 @@ def test_sampling_without_a_seed_differs_between_requests_and_a_seed_repeats(ope
     ({"model": BLS, "messages": HI, "n": 2, "tools": []}, "n, tools are not supported", None),
     ({"model": BLS, "messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
     ({"model": BLS, "messages": HI, "temperature": -2}, "temperature", "temperature"),
-    ({"model": BLS, "messages": HI, "top_p": 0}, "top_p must be in (0, 1]", "top_p"),
+    ({"model": BLS, "messages": HI, "top_p": -0.5}, "top_p must be between 0 and 1", "top_p"),
     ({"model": BLS, "messages": HI, "max_tokens": 2**31}, "max_tokens 2147483648 is more",
      "max_tokens"),
-    ({"model": BLS, "messages": [{"role": "wizard", "content": "hi"}]}, "role 'wizard'", None),
+    ({"model": BLS, "messages": [{"role": "user<|im_end|>", "content": "hi"}]}, "message role",
+     None),
+    ({"model": BLS, "messages": [{"role": "", "content": "hi"}]}, "message role", None),
     # Refused by the engine, in the engine's words (request_output_len, runtime_top_p), which
     # the BLS model puts back into its own input names, which are OpenAI's.
     ({"model": BLS, "messages": HI, "max_tokens": 100000}, "max_tokens must", "max_tokens"),

@@ -132,7 +132,12 @@ pub fn scheduling_parameters(
     // int64); one past the model's levels is its lowest level anyway.
     let priority = match params.get("priority") {
         Some(ParamValue::Int(n)) => u64::from_ne_bytes(n.to_ne_bytes()),
-        _ => get("priority")?.unwrap_or(0),
+        None => 0,
+        Some(_) => {
+            return Err(InferError::invalid(
+                "parameter 'priority' must be an unsigned integer",
+            ));
+        }
     };
     let priority = u32::try_from(priority).unwrap_or(u32::MAX);
     let timeout = get("timeout")?
@@ -265,17 +270,23 @@ fn param_bool(params: Option<&Parameters>, key: &str) -> Result<bool, InferError
     }
 }
 
-/// The JSON with Triton's non-standard numbers (`NaN`, `Infinity`, `-Infinity`, `Inf`,
+/// Marks the strings [`quote_non_finite`] makes: U+FFFF, a noncharacter no client text holds.
+const NON_FINITE_MARK: char = '\u{FFFF}';
+
+/// The JSON with Triton's non-standard numbers (`NaN`, `-NaN`, `Infinity`, `-Infinity`, `Inf`,
 /// `-Inf`, which rapidjson reads with kParseNanAndInfFlag and Python's `json` writes) turned
-/// into the strings `"NaN"`, `"Infinity"` and `"-Infinity"`, which float data takes; None when
-/// it has none (the common case costs one scan, no copy).
+/// into marked strings that only float data takes (a client's own string "NaN" stays a string,
+/// refused in float data as before); None when it has none (the common case costs one scan, no
+/// copy).
 fn quote_non_finite(json: &[u8]) -> Option<Vec<u8>> {
-    const TOKENS: [(&[u8], &[u8]); 5] = [
-        (b"NaN", b"\"NaN\""),
-        (b"Infinity", b"\"Infinity\""),
-        (b"-Infinity", b"\"-Infinity\""),
-        (b"Inf", b"\"Infinity\""),
-        (b"-Inf", b"\"-Infinity\""),
+    // Each a string of U+FFFF (in UTF-8) and the word.
+    const TOKENS: [(&[u8], &[u8]); 6] = [
+        (b"NaN", b"\"\xEF\xBF\xBFNaN\""),
+        (b"-NaN", b"\"\xEF\xBF\xBFNaN\""),
+        (b"Infinity", b"\"\xEF\xBF\xBFInfinity\""),
+        (b"-Infinity", b"\"\xEF\xBF\xBF-Infinity\""),
+        (b"Inf", b"\"\xEF\xBF\xBFInfinity\""),
+        (b"-Inf", b"\"\xEF\xBF\xBF-Infinity\""),
     ];
     let mut out: Option<Vec<u8>> = None;
     let (mut i, mut copied) = (0, 0);
@@ -590,19 +601,16 @@ impl ElementSink<'_> {
 
     fn push_str<E: de::Error>(&mut self, v: &str) -> Result<(), E> {
         // Triton's NaN and infinities (see `quote_non_finite`), in float data only.
-        let non_finite = match v {
-            "NaN" => Some(f64::NAN),
-            "Infinity" => Some(f64::INFINITY),
-            "-Infinity" => Some(f64::NEG_INFINITY),
-            _ => None,
-        };
-        if let Some(value) = non_finite
-            && matches!(
-                self.datatype,
-                DataType::Fp16 | DataType::Fp32 | DataType::Fp64
-            )
-        {
-            return self.push_float(value);
+        if let Some(word) = v.strip_prefix(NON_FINITE_MARK) {
+            let value = match word {
+                "NaN" => f64::NAN,
+                "Infinity" => f64::INFINITY,
+                _ => f64::NEG_INFINITY,
+            };
+            return match self.datatype {
+                DataType::Fp16 | DataType::Fp32 | DataType::Fp64 => self.push_float(value),
+                _ => Err(self.bad(word)),
+            };
         }
         self.admit()?;
         match self.datatype {
@@ -794,6 +802,13 @@ pub enum Placement {
     /// parameters in the JSON (Triton's C++ client reads any output `parameters` as binary
     /// data).
     SharedMemory,
+}
+
+/// A tensor's elements as a JSON value (a flat array), for answers built as `serde_json` values
+/// (the generate extension): a NaN or an infinity is `null` there, as `serde_json` has no other
+/// way to hold one.
+pub fn output_data_value(tensor: &Tensor) -> Result<Value, InferError> {
+    serde_json::to_value(JsonData(tensor)).map_err(|e| InferError::invalid(e.to_string()))
 }
 
 /// Whether a floating-point tensor holds a NaN or an infinity.
@@ -1328,7 +1343,7 @@ mod tests {
 
     #[test]
     fn non_finite_inputs_are_read_as_triton_reads_them() {
-        let body = br#"{"inputs":[{"name":"x","shape":[6],"datatype":"FP32","data":[NaN, Infinity,-Infinity,Inf,-Inf,1.5]},
+        let body = br#"{"inputs":[{"name":"x","shape":[7],"datatype":"FP32","data":[NaN, Infinity,-Infinity,Inf,-Inf,1.5,-NaN]},
             {"name":"s","shape":[2],"datatype":"BYTES","data":["NaN Infinity \" NaN","Inf"]}]}"#;
         let request = decode(body, None).expect("decodes");
         let TensorData::Raw(raw) = &request.inputs[0].data else {
@@ -1340,7 +1355,7 @@ mod tests {
             .collect();
         assert!(values[0].is_nan());
         assert_eq!(
-            values[1..],
+            values[1..6],
             [
                 f32::INFINITY,
                 f32::NEG_INFINITY,
@@ -1349,15 +1364,22 @@ mod tests {
                 1.5
             ]
         );
+        assert!(values[6].is_nan());
         // Inside strings nothing changes.
         let TensorData::Elements(items) = &request.inputs[1].data else {
             panic!("elements")
         };
         assert_eq!(&items[0][..], b"NaN Infinity \" NaN");
         assert_eq!(&items[1][..], b"Inf");
-        // In integer data, and as a bare word elsewhere, it is still an error.
-        let int = br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[NaN]}]}"#;
-        assert!(decode(int, None).is_err());
+        // In integer or BYTES data, as a client's string, and as a bare word elsewhere, it is
+        // still an error.
+        for refused in [
+            &br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[NaN]}]}"#[..],
+            br#"{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":[NaN]}]}"#,
+            br#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":["NaN"]}]}"#,
+        ] {
+            assert!(decode(refused, None).is_err());
+        }
         assert!(
             decode(
                 br#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[Nope]}]}"#,

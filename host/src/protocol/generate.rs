@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 use crate::api::Server;
 use crate::infer::{InferError, InferResponse};
 use crate::signature::{ModelMetadata, TensorSpec};
-use tessera_core::kserve::{self, Placement};
+use tessera_core::kserve;
 
 /// Maps a generate body onto a KServe v2 JSON request for `metadata`'s model.
 pub fn to_kserve(body: &[u8], metadata: &ModelMetadata) -> Result<Bytes, InferError> {
@@ -122,22 +122,17 @@ fn input(spec: &TensorSpec, value: Value, batched: bool) -> Result<Value, InferE
 
 /// A response in the generate schema.
 pub fn from_response(response: &InferResponse) -> Result<Value, InferError> {
-    let encoded = kserve::encode_response_placed(response, |_| Placement::Json)?;
-    let body: Value = serde_json::from_slice(&encoded.body)
-        .map_err(|e| InferError::internal(format!("re-reading an encoded response: {e}")))?;
     let mut answer = Map::new();
     if !response.id.is_empty() {
         answer.insert("id".into(), json!(response.id));
     }
     answer.insert("model_name".into(), json!(response.model_name));
     answer.insert("model_version".into(), json!(response.model_version));
-    for (tensor, output) in response.outputs.iter().zip(
-        body["outputs"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default(),
-    ) {
-        let data = output["data"].as_array().cloned().unwrap_or_default();
+    for tensor in &response.outputs {
+        let data = match kserve::output_data_value(tensor)? {
+            Value::Array(items) => items,
+            other => vec![other],
+        };
         let value = match data.len() {
             1 => data.into_iter().next().unwrap_or(Value::Null),
             _ => Value::Array(data),

@@ -33,16 +33,18 @@ use crate::tensor::{DataType, Tensor, TensorData};
 /// Tokens generated when a request sets no `max_tokens` (chat: the model's own bound applies
 /// too; completions: OpenAI's default is 16).
 const DEFAULT_CHAT_MAX_TOKENS: i64 = 512;
-/// The roles OpenAI's chat API takes; any other is a client's mistake, answered 400 as OpenAI
-/// does rather than rendered into the prompt.
-const CHAT_ROLES: [&str; 6] = [
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
+/// The longest chat role taken.
+const MAX_ROLE_CHARS: usize = 32;
+
+/// Whether `role` can be a chat message's role. The model's chat template renders it into the
+/// prompt as it is, so it is a plain name (any: templates and clients use more than OpenAI's,
+/// such as Llama's `ipython`), never text that could carry a template's markers.
+fn is_role_name(role: &str) -> bool {
+    (1..=MAX_ROLE_CHARS).contains(&role.len())
+        && role
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
 const DEFAULT_COMPLETION_MAX_TOKENS: i64 = 16;
 
 /// Which endpoint a request came to.
@@ -327,11 +329,10 @@ pub fn prepare(
             }
             let mut plain = Vec::with_capacity(messages.len());
             for m in messages {
-                if !CHAT_ROLES.contains(&m.role.as_str()) {
+                if !is_role_name(&m.role) {
                     return Err(invalid(format!(
-                        "message role '{}' is not one of {}",
-                        m.role.escape_default(),
-                        CHAT_ROLES.join(", ")
+                        "message role '{}' must be a name of 1 to {MAX_ROLE_CHARS} letters, digits, '_' or '-' (system, user, assistant, tool...)",
+                        m.role.escape_default()
                     )));
                 }
                 let content = match m.content {
@@ -414,15 +415,24 @@ pub fn prepare(
         Ok(())
     };
     float("temperature", body.temperature)?;
-    // OpenAI's range; the engine's `top_p` 0 means "off", which is not what a client asking
-    // for 0 means.
-    if body.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+    // OpenAI takes 0 to 1, and 0 keeps only the most likely token; the engine's `top_p` 0
+    // means "off", so 0 goes to the engine as the smallest positive value (which keeps one).
+    if body.top_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
         return Err(invalid(format!(
-            "top_p must be in (0, 1], got {}",
+            "top_p must be between 0 and 1, got {}",
             body.top_p.unwrap_or_default()
         )));
     }
-    float("top_p", body.top_p)?;
+    float(
+        "top_p",
+        body.top_p.map(|p| {
+            if p == 0.0 {
+                f64::from(f32::MIN_POSITIVE)
+            } else {
+                p
+            }
+        }),
+    )?;
     float("presence_penalty", body.presence_penalty)?;
     float("frequency_penalty", body.frequency_penalty)?;
     float("min_p", body.min_p)?;
@@ -450,7 +460,13 @@ pub fn prepare(
     // default, TensorRT-LLM's, is one fixed seed).
     let seed = match body.seed {
         Some(seed) => Some(u64::try_from(seed).map_err(|_| invalid("seed must be >= 0"))?),
-        None if has_input("seed") => getrandom::u64().ok(),
+        None if metadata
+            .inputs
+            .iter()
+            .any(|i| i.name == "seed" && i.datatype == DataType::Uint64) =>
+        {
+            getrandom::u64().ok()
+        }
         None => None,
     };
     if let Some(seed) = seed {
