@@ -170,9 +170,25 @@ pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Res
         "{name}{revision}: {outcome}, {total} bytes, READY in {} ms",
         started.elapsed().as_millis()
     );
+    // A decoupled model answers with a stream, which `/infer` refuses.
+    let decoupled = match client()?
+        .get(url(server, &format!("/v2/models/{name}/config")))
+        .send()
+        .await
+    {
+        Ok(r) => r.json::<serde_json::Value>().await.is_ok_and(|config| {
+            config["model_transaction_policy"]["decoupled"].as_bool() == Some(true)
+        }),
+        Err(_) => false,
+    };
+    let endpoint = if decoupled {
+        "generate_stream"
+    } else {
+        "infer"
+    };
     println!(
         "  POST {}",
-        url(server, &format!("/v2/models/{name}/infer"))
+        url(server, &format!("/v2/models/{name}/{endpoint}"))
     );
     Ok(())
 }

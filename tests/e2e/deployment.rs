@@ -457,6 +457,20 @@ async fn rollback_unload_and_restart_with_the_command_line() {
             "a re-deploy of the same files: {out}"
         );
     }
+    // A decoupled model's URL is the streaming one (`/infer` refuses it).
+    let decoupled = crate::harness::examples_repo().join("repeat_int32");
+    let (ok, out) = tessera_cli(&[
+        "deploy",
+        decoupled.to_str().expect("utf-8"),
+        "--name",
+        "cli_stream",
+        "--server",
+        &base,
+    ]);
+    assert!(
+        ok && out.contains("/v2/models/cli_stream/generate_stream"),
+        "{out}"
+    );
 
     let (ok, out) = tessera_cli(&["rollback", "cli", "--server", &base]);
     assert!(ok && out.contains("revision 1"), "{out}");
