@@ -33,6 +33,8 @@ use crate::tensor::{DataType, Tensor, TensorData};
 /// Tokens generated when a request sets no `max_tokens` (chat: the model's own bound applies
 /// too; completions: OpenAI's default is 16).
 const DEFAULT_CHAT_MAX_TOKENS: i64 = 512;
+const DEFAULT_COMPLETION_MAX_TOKENS: i64 = 16;
+
 /// The longest chat role taken.
 const MAX_ROLE_CHARS: usize = 32;
 
@@ -45,7 +47,6 @@ fn is_role_name(role: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
-const DEFAULT_COMPLETION_MAX_TOKENS: i64 = 16;
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
