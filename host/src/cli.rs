@@ -170,6 +170,9 @@ pub async fn deploy(server: &str, dir: &Path, name: Option<&str>) -> anyhow::Res
         "{name}{revision}: {outcome}, {total} bytes, READY in {} ms",
         started.elapsed().as_millis()
     );
+    if let Some(folder) = answer.get("replaces").and_then(|f| f.as_str()) {
+        println!("  serves instead of the repository's model in {folder} (same name)");
+    }
     // A decoupled model answers with a stream, which `/infer` refuses.
     let decoupled = match client()?
         .get(url(server, &format!("/v2/models/{name}/config")))

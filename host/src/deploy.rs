@@ -40,6 +40,8 @@ pub struct Deployed {
     pub outcome: LoadOutcome,
     /// The store revision that serves, for a deployment.
     pub revision: Option<u64>,
+    /// The repository folder of the operator's model that this deployment serves instead of.
+    pub replaces: Option<PathBuf>,
 }
 
 /// How one kind of deployment (a model, a function) is built beside what serves and swapped in.
@@ -138,6 +140,7 @@ pub async fn deploy<T: Target>(
         return Ok(Deployed {
             outcome: LoadOutcome::Unchanged,
             revision: None,
+            replaces: None,
         });
     };
     let hash = target.hash(&built);
@@ -163,6 +166,7 @@ pub async fn deploy<T: Target>(
     Ok(Deployed {
         outcome: LoadOutcome::Loaded,
         revision: Some(revision),
+        replaces: None,
     })
 }
 
@@ -181,6 +185,7 @@ pub async fn rollback<T: Target>(
         return Ok(Deployed {
             outcome: LoadOutcome::Unchanged,
             revision: None,
+            replaces: None,
         });
     };
     // A revision rebuilt from a damaged manifest has no recorded hash.
@@ -195,6 +200,7 @@ pub async fn rollback<T: Target>(
     Ok(Deployed {
         outcome: LoadOutcome::Loaded,
         revision: Some(revision),
+        replaces: None,
     })
 }
 
@@ -225,6 +231,7 @@ async fn rollback_shared<T: Target>(
         return Ok(Deployed {
             outcome: LoadOutcome::Unchanged,
             revision: None,
+            replaces: None,
         });
     };
     let hash = target.hash(&built);
@@ -241,6 +248,7 @@ async fn rollback_shared<T: Target>(
     Ok(Deployed {
         outcome: LoadOutcome::Loaded,
         revision: Some(previous.revision),
+        replaces: None,
     })
 }
 

@@ -550,7 +550,15 @@ impl Repository {
                 config_override: None,
             });
         }
-        // The repository folders hold the operator's models only.
+        self.repository_folder(name).map(|dir| ModelSource {
+            dir,
+            ..Default::default()
+        })
+    }
+
+    /// The repository folder that holds the model `name`, deployed or not (the repository folders
+    /// hold the operator's models only).
+    pub fn repository_folder(&self, name: &str) -> Option<PathBuf> {
         if crate::namespace::ModelKey::parse(name).tenant.is_some() {
             return None;
         }
@@ -558,10 +566,6 @@ impl Repository {
             .iter()
             .map(|root| root.join(name))
             .find(|dir| dir.is_dir())
-            .map(|dir| ModelSource {
-                dir,
-                ..Default::default()
-            })
     }
 
     /// Where a loaded model came from.

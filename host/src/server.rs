@@ -957,11 +957,13 @@ impl Server {
                 return Ok(Deployed {
                     outcome,
                     revision: Some(revision),
+                    replaces: None,
                 });
             }
             return Ok(Deployed {
                 outcome,
                 revision: None,
+                replaces: None,
             });
         }
         let config = config.ok_or_else(|| {
@@ -989,7 +991,19 @@ impl Server {
             Bytes::from(crate::config::to_text(&config)),
         ));
         let control = self.repository.control().await;
-        crate::deploy::deploy(&store, &ModelTarget(&control), name, files).await
+        let mut deployed =
+            crate::deploy::deploy(&store, &ModelTarget(&control), name, files).await?;
+        // Said, not silent: a deployment named like a repository model serves instead of it,
+        // which is how a hot fix replaces a model, and a surprise when the name was a mistake.
+        deployed.replaces = self.repository.repository_folder(name);
+        if let Some(folder) = &deployed.replaces {
+            tracing::warn!(
+                model = shown,
+                folder = %folder.display(),
+                "the deployment serves instead of the repository's model of the same name"
+            );
+        }
+        Ok(deployed)
     }
 
     /// Checks the paths and the total size of a deployment's files.
@@ -1274,6 +1288,7 @@ impl Server {
             return Ok(Deployed {
                 outcome: LoadOutcome::Loaded,
                 revision: None,
+                replaces: None,
             });
         };
         let size = upload.component.len() + upload.manifest.as_ref().map_or(0, String::len);
@@ -1298,6 +1313,7 @@ impl Server {
         Ok(Deployed {
             outcome,
             revision: Some(revision),
+            replaces: None,
         })
     }
 
@@ -1325,6 +1341,7 @@ impl Server {
         Ok(Deployed {
             outcome: LoadOutcome::Loaded,
             revision: Some(revision),
+            replaces: None,
         })
     }
 

@@ -413,7 +413,14 @@ async fn bad_deployments_are_refused_and_change_nothing() {
 
 #[tokio::test]
 async fn rollback_unload_and_restart_with_the_command_line() {
-    let repo = temp_dir("empty-repo");
+    let repo = temp_dir("cli-repo");
+    // A repository model (one that fails to load: no component) that a deployment replaces.
+    std::fs::create_dir_all(repo.join("cli_stream/1")).expect("repository model folder");
+    std::fs::write(
+        repo.join("cli_stream/config.pbtxt"),
+        "name: \"cli_stream\"\nbackend: \"wasm\"\n",
+    )
+    .expect("repository model config");
     let store = temp_dir("cli-store");
     let cache = temp_dir("cli-cache");
     let args = ["--store", store.to_str().expect("utf-8")];
@@ -446,6 +453,7 @@ async fn rollback_unload_and_restart_with_the_command_line() {
         out.contains("revision 1") && out.contains("/v2/models/cli/infer"),
         "{out}"
     );
+    assert!(!out.contains("serves instead"), "{out}");
     write_config(2);
     let (ok, out) = tessera_cli(&["deploy", dir, "--server", &base]);
     assert!(ok && out.contains("revision 2"), "{out}");
@@ -471,6 +479,17 @@ async fn rollback_unload_and_restart_with_the_command_line() {
         ok && out.contains("/v2/models/cli_stream/generate_stream"),
         "{out}"
     );
+    // It has the name of a repository model: said, not silent.
+    let folder = repo.join("cli_stream");
+    assert!(
+        out.contains(&format!(
+            "serves instead of the repository's model in {}",
+            folder.display()
+        )),
+        "{out}"
+    );
+    let (status, body) = server.get("/v2/models/cli_stream/config").await;
+    assert_eq!(status, 200, "the deployment serves: {body}");
 
     let (ok, out) = tessera_cli(&["rollback", "cli", "--server", &base]);
     assert!(ok && out.contains("revision 1"), "{out}");

@@ -179,3 +179,51 @@ async fn every_error_has_a_kserve_json_body() {
     assert_eq!((status, text.as_str()), (200, ""));
     still_serves(&s, "routing errors").await;
 }
+
+#[tokio::test]
+async fn a_shape_only_onnx_runtime_checks_is_the_clients_error() {
+    crate::harness::require_onnx_runtime!();
+    // Triton's `simple` graph (fixed [16] rows) under a config that leaves the row length open:
+    // only ONNX Runtime knows that 5 is wrong.
+    let repo = crate::harness::temp_dir("ort-dims");
+    let model = repo.join("simple_open");
+    std::fs::create_dir_all(model.join("1")).expect("version folder");
+    std::fs::copy(
+        examples_repo().join("simple/1/model.onnx"),
+        model.join("1/model.onnx"),
+    )
+    .expect("the simple model (scripts/gen_models.py)");
+    let tensor = |name: &str| format!("{{ name: \"{name}\" data_type: TYPE_INT32 dims: [ -1 ] }}");
+    std::fs::write(
+        model.join("config.pbtxt"),
+        format!(
+            "name: \"simple_open\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n\
+             input [ {}, {} ]\noutput [ {}, {} ]\n",
+            tensor("INPUT0"),
+            tensor("INPUT1"),
+            tensor("OUTPUT0"),
+            tensor("OUTPUT1")
+        ),
+    )
+    .expect("config");
+    let s = TestServer::start(&[repo], &[], &shared_cache()).await;
+    let inputs = |n: usize| {
+        let row: Vec<i32> = (0..n as i32).collect();
+        json!([
+            { "name": "INPUT0", "shape": [1, n], "datatype": "INT32", "data": row },
+            { "name": "INPUT1", "shape": [1, n], "datatype": "INT32", "data": row },
+        ])
+    };
+    let (status, body) = s.infer("simple_open", inputs(5)).await;
+    assert_eq!(status, 400, "{body}");
+    let message = error_text("a row of 5", &body);
+    assert!(
+        message.contains("ONNX Runtime refused the inputs") && message.contains("INPUT"),
+        "ONNX Runtime's reason, in its words: {message}"
+    );
+    let (status, body) = s.infer("simple_open", inputs(16)).await;
+    assert_eq!(
+        status, 200,
+        "rows of the graph's length still serve: {body}"
+    );
+}

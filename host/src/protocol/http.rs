@@ -1016,6 +1016,9 @@ fn deployed_json(model: &str, d: &Deployed) -> Value {
     if let Some(r) = d.revision {
         v["revision"] = Value::from(r);
     }
+    if let Some(folder) = &d.replaces {
+        v["replaces"] = Value::from(folder.display().to_string());
+    }
     v
 }
 

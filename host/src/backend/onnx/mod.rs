@@ -560,12 +560,16 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
                 infer: t1.elapsed(),
                 ..Default::default()
             };
-            return failed(
-                batch.len(),
+            let error = if e.code() == ort::ErrorCode::InvalidArgument {
+                // ONNX Runtime checks the inputs against the graph's own shapes and values, which
+                // a config with variable dims (-1) leaves to it: the request's fault, a 400 in
+                // ONNX Runtime's words (Triton's backend answers these as internal errors).
+                InferError::invalid(format!("ONNX Runtime refused the inputs: {}", e.message()))
+            } else {
                 InferError::internal("ONNX Runtime could not run the batch")
-                    .with_detail(e.to_string()),
-                timing,
-            );
+                    .with_detail(e.to_string())
+            };
+            return failed(batch.len(), error, timing);
         }
     };
     let t2 = Instant::now();
