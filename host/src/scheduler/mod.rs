@@ -143,6 +143,7 @@ impl Scheduler {
             reply,
             enqueued: now,
             timeout_action: queue_policy.timeout_action,
+            level,
         }
     }
 

@@ -81,6 +81,8 @@ pub struct Pending {
     pub timeout_action: TimeoutAction,
     pub rows: usize,
     pub shape_key: Vec<(String, Vec<i64>)>,
+    /// The priority level it was queued at (set by [`Queue::push`]).
+    pub level: usize,
 }
 
 impl Pending {
@@ -145,6 +147,9 @@ struct State {
     levels: BTreeMap<usize, Level>,
     /// Levels past this one are queued at it.
     last_level: usize,
+    /// Requests taken into a batch that waits for more (`max_queue_delay_microseconds`), by
+    /// level: still queued as far as the queue's bound and their timeouts go, as in Triton.
+    gathering: BTreeMap<usize, usize>,
     closed: bool,
 }
 
@@ -167,6 +172,7 @@ impl Queue {
             state: Mutex::new(State {
                 levels: BTreeMap::new(),
                 last_level: levels.max(1) - 1,
+                gathering: BTreeMap::new(),
                 closed: false,
             }),
             notify: Notify::new(),
@@ -182,26 +188,36 @@ impl Queue {
     }
 
     /// Adds a request at `level`, refusing it when that level holds `max_size` already.
-    pub fn push(&self, level: usize, pending: Pending, max_size: usize) -> Result<(), InferError> {
+    pub fn push(
+        &self,
+        level: usize,
+        mut pending: Pending,
+        max_size: usize,
+    ) -> Result<(), InferError> {
         let mut state = self.lock();
         if state.closed {
             return Err(InferError::unavailable("the model is being unloaded"));
         }
         let key = level.min(state.last_level);
+        let gathering = state.gathering.get(&key).copied().unwrap_or(0);
         let queue = state.levels.entry(key).or_default();
-        if max_size > 0 && queue.len() >= max_size {
+        if max_size > 0 && queue.len() + gathering >= max_size {
             return Err(InferError::unavailable("Exceeds maximum queue size"));
         }
+        pending.level = key;
         queue.push_back(pending);
         drop(state);
         self.notify.notify_one();
         Ok(())
     }
 
-    /// Requests awaiting execution: queued, or batched and waiting for resources.
+    /// Requests awaiting execution: queued (a batch that gathers more included), or batched and
+    /// waiting for resources.
     pub fn len(&self) -> usize {
-        let queued: usize = self.lock().levels.values().map(Level::len).sum();
-        queued + self.staged.load(Ordering::Acquire)
+        let state = self.lock();
+        let queued: usize = state.levels.values().map(Level::len).sum();
+        let gathering: usize = state.gathering.values().sum();
+        queued + gathering + self.staged.load(Ordering::Acquire)
     }
 
     /// A batch from [`Queue::next_batch`] of `n` requests started executing.
@@ -220,22 +236,28 @@ impl Queue {
     /// allows. `None` once the queue is closed and empty. Its requests count as pending until
     /// [`Queue::started`].
     pub async fn next_batch(&self, policy: &BatchPolicy) -> Option<Vec<Pending>> {
-        let first = loop {
-            let notified = self.notify.notified();
-            {
-                let mut state = self.lock();
-                if let Some(first) = pop_live(&mut state) {
-                    break first;
+        loop {
+            let first = loop {
+                let notified = self.notify.notified();
+                {
+                    let mut state = self.lock();
+                    if let Some(first) = pop_live(&mut state) {
+                        break first;
+                    }
+                    if state.closed {
+                        return None;
+                    }
                 }
-                if state.closed {
-                    return None;
-                }
+                notified.await;
+            };
+            let gathered = self.gather(first, policy).await;
+            let batch = dispatch(&mut self.lock(), gathered);
+            if !batch.is_empty() {
+                self.staged.fetch_add(batch.len(), Ordering::AcqRel);
+                return Some(batch);
             }
-            notified.await;
-        };
-        let batch = self.gather(first, policy).await;
-        self.staged.fetch_add(batch.len(), Ordering::AcqRel);
-        Some(batch)
+            // Every request of it timed out or went away while it gathered: start over.
+        }
     }
 
     /// A batch of what is queued now, without waiting for more: how an instance with open
@@ -254,7 +276,11 @@ impl Queue {
                 policy.max_batch_size.max(1).min(max_requests),
             );
         }
+        let batch = dispatch(&mut state, batch);
         drop(state);
+        if batch.is_empty() {
+            return None;
+        }
         self.staged.fetch_add(batch.len(), Ordering::AcqRel);
         Some(batch)
     }
@@ -317,7 +343,8 @@ pub fn timeout_error() -> InferError {
     InferError::new(ErrorKind::Timeout, "Request timeout expired")
 }
 
-/// Pops the oldest live request of the highest priority, failing expired ones on the way.
+/// Pops the oldest live request of the highest priority, failing expired ones on the way. It
+/// stays cancellable (its caller's timeout still applies) until [`dispatch`].
 fn pop_live(state: &mut State) -> Option<Pending> {
     let now = Instant::now();
     let mut live = None;
@@ -332,14 +359,41 @@ fn pop_live(state: &mut State) -> Option<Pending> {
                 }
                 continue;
             }
-            if p.claim.dispatch() {
-                live = Some(p);
-                break 'levels;
-            }
+            live = Some(p);
+            break 'levels;
         }
     }
     state.drop_empty_levels();
+    if let Some(p) = &live {
+        *state.gathering.entry(p.level).or_default() += 1;
+    }
     live
+}
+
+/// Commits a gathered batch to run: each request is taken from its caller's timeout, except
+/// those that timed out or whose caller left while the batch gathered (Triton rejects a request
+/// whose timeout passes while its batch waits for more, too).
+fn dispatch(state: &mut State, gathered: Vec<Pending>) -> Vec<Pending> {
+    let now = Instant::now();
+    let mut batch = Vec::with_capacity(gathered.len());
+    for p in gathered {
+        if let Some(n) = state.gathering.get_mut(&p.level) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                state.gathering.remove(&p.level);
+            }
+        }
+        if p.expired(now) {
+            if p.claim.cancel() {
+                p.reply.send(Err(timeout_error()));
+            }
+            continue;
+        }
+        if !p.reply.is_closed() && p.claim.dispatch() {
+            batch.push(p);
+        }
+    }
+    batch
 }
 
 /// Moves queued requests that fit into the batch, in priority then arrival order. Returns true
@@ -367,10 +421,9 @@ fn take_compatible(
                 head_left_out = true;
                 break 'levels;
             }
-            if let Some(p) = level.pop_front()
-                && p.claim.dispatch()
-            {
+            if let Some(p) = level.pop_front() {
                 *rows += p.rows;
+                *state.gathering.entry(p.level).or_default() += 1;
                 batch.push(p);
             }
         }

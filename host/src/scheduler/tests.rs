@@ -332,6 +332,57 @@ async fn a_queue_timeout_fails_a_request_still_waiting() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_request_whose_batch_waits_for_more_still_times_out() {
+    // The batch waits up to 100 ms for company; the lone request's own timeout is 10 ms. It was
+    // answered 200 after the whole delay (taken from the queue, it was "running").
+    let f = fixture(
+        &format!(
+            "max_batch_size: 4 {IO} dynamic_batching {{ max_queue_delay_microseconds: 100000 default_queue_policy {{ timeout_action: REJECT }} }}"
+        ),
+        1,
+        Duration::from_millis(1),
+        no_limits(),
+        &[],
+    );
+    let started = Instant::now();
+    let lone = f.send_with(request("lone", 0, Some(Duration::from_millis(10))));
+    let e = lone.await.expect("task").expect_err("timed out");
+    assert_eq!(e.kind, ErrorKind::Timeout);
+    assert_eq!(started.elapsed(), Duration::from_millis(10));
+    // One that joins later and waits less than its timeout runs, without the timed-out one.
+    let _first = f.send_with(request("first", 0, Some(Duration::from_millis(5))));
+    f.after(1).await;
+    let second = f.send("second", 0);
+    let answer = second.await.expect("task");
+    assert!(answer.is_ok(), "{:?}", answer.err());
+    assert_eq!(
+        ids(&f.batches()),
+        vec![vec!["second"]],
+        "timed-out requests never run"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_waiting_for_their_batch_count_against_the_queue_bound() {
+    let f = fixture(
+        &format!(
+            "max_batch_size: 4 {IO} dynamic_batching {{ max_queue_delay_microseconds: 100000 default_queue_policy {{ max_queue_size: 1 }} }}"
+        ),
+        1,
+        Duration::from_millis(1),
+        no_limits(),
+        &[],
+    );
+    let first = f.send("first", 0);
+    f.after(1).await;
+    assert_eq!(f.scheduler.pending_count(), 1, "gathering counts as queued");
+    let refused = f.send("refused", 0).await.expect("task").expect_err("full");
+    assert!(refused.message.contains("Exceeds maximum queue size"));
+    assert!(first.await.expect("task").is_ok());
+    assert_eq!(f.scheduler.pending_count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_full_queue_refuses_at_once() {
     let f = fixture(
         &format!(
