@@ -203,7 +203,7 @@ fn has_model_py(dir: &Path) -> bool {
             entry
                 .file_name()
                 .to_str()
-                .is_some_and(|n| n.parse::<u64>().is_ok())
+                .is_some_and(|n| crate::repository::version_number(n).is_some())
                 && entry.path().join("model.py").is_file()
         })
     })

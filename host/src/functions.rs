@@ -455,10 +455,12 @@ impl Functions {
         self.table.load().get(name).cloned()
     }
 
-    /// Every function with its state: `Ok` when it serves, else why not.
+    /// Every function with its state: `Ok` when it serves, else why not. A deployment unloaded on
+    /// request is listed too (as an unloaded model is in the repository index): it stays in the
+    /// store, and it keeps a folder's function of the same name from serving.
     pub fn list(&self) -> Vec<(String, Result<(), String>)> {
-        self.table
-            .load()
+        let table = self.table.load();
+        let mut rows: BTreeMap<String, Result<(), String>> = table
             .iter()
             .map(|(name, entry)| {
                 let state = match entry {
@@ -467,7 +469,19 @@ impl Functions {
                 };
                 (name.clone(), state)
             })
-            .collect()
+            .collect();
+        if let Some(store) = &self.store {
+            for (name, manifest) in store.deployed() {
+                if !manifest.loaded && !rows.contains_key(&name) {
+                    let reason = format!(
+                        "unloaded (revision {} stays in the store; load it to serve it again)",
+                        manifest.current
+                    );
+                    rows.insert(name, Err(reason));
+                }
+            }
+        }
+        rows.into_iter().collect()
     }
 
     /// The `tessera_function_*` families in Prometheus text.

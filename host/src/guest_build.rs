@@ -14,7 +14,8 @@
 //! they are; the component is written beside, then renamed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
@@ -30,7 +31,12 @@ pub const COMPONENTIZE_QJS_VERSION: &str = "0.4.5";
 pub struct Tools {
     pub componentize_py: Option<PathBuf>,
     pub componentize_qjs: Option<PathBuf>,
+    /// How long one tool may run ([`DEFAULT_TIME_LIMIT`] when `None`).
+    pub time_limit: Option<Duration>,
 }
+
+/// How long a build tool may run: a cold Python build takes about 10 s on two cores.
+pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Language {
@@ -98,6 +104,7 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
         .context("cannot create a temporary folder")?;
     let wit = work.path().join("wit");
     write_files(&wit, WIT_FILES)?;
+    let limit = tools.time_limit.unwrap_or(DEFAULT_TIME_LIMIT);
     let mut built = Vec::new();
     match language {
         Language::Python => {
@@ -113,7 +120,7 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
             };
             for (version, _) in &versions {
                 let world = python_world(decoupled, backend == "python" && completes(version)?);
-                built.push(build_python(&tool, &wit, &sdk, version, world, app)?);
+                built.push(build_python(&tool, &wit, &sdk, version, world, app, limit)?);
             }
         }
         Language::JavaScript | Language::TypeScript => {
@@ -126,6 +133,7 @@ pub fn build(dir: &Path, tools: &Tools) -> anyhow::Result<Vec<PathBuf>> {
                     version,
                     language,
                     decoupled,
+                    limit,
                 )?);
             }
         }
@@ -187,30 +195,43 @@ fn build_python(
     version: &Path,
     world: &str,
     app: &str,
+    limit: Duration,
 ) -> anyhow::Result<PathBuf> {
     let partial = version.join(".model.wasm.partial");
     // componentize-py compiles the model's modules in place, whatever PYTHONDONTWRITEBYTECODE
     // says; a __pycache__ that was not there before is removed afterwards.
     let pycache = version.join("__pycache__");
     let had_pycache = pycache.exists();
-    let run = Command::new(tool)
-        .arg("-d")
-        .arg(wit)
-        .args(["-w", world, "componentize", "-p"])
-        .arg(sdk)
-        // `import numpy` finds the sandbox's stand-in.
-        .arg("-p")
-        .arg(sdk.join("sandbox"))
-        .arg("-p")
-        .arg(version)
-        .arg(app)
-        .arg("-o")
-        .arg(&partial)
-        .output()
-        .with_context(|| format!("cannot run {}", tool.display()))?;
+    let run = output_within(
+        Command::new(tool)
+            .arg("-d")
+            .arg(wit)
+            .args(["-w", world, "componentize", "-p"])
+            .arg(sdk)
+            // `import numpy` finds the sandbox's stand-in.
+            .arg("-p")
+            .arg(sdk.join("sandbox"))
+            .arg("-p")
+            .arg(version)
+            .arg(app)
+            .arg("-o")
+            .arg(&partial),
+        limit,
+    )
+    .with_context(|| format!("cannot run {}", tool.display()))?;
     if !had_pycache {
         let _ = std::fs::remove_dir_all(&pycache);
     }
+    let Some(run) = run else {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "componentize-py did not finish building {} in {} s and was stopped. It runs the \
+             model's module to snapshot it: code at module level that loops or waits never \
+             ends (move it into initialize()); a slow machine may need --timeout-secs",
+            version.join("model.py").display(),
+            limit.as_secs()
+        );
+    };
     finish(run, &partial, &version.join("model.py"), "componentize-py")
 }
 
@@ -223,6 +244,7 @@ fn build_js(
     version: &Path,
     language: Language,
     decoupled: bool,
+    limit: Duration,
 ) -> anyhow::Result<PathBuf> {
     let root = work.join(format!(
         "js-{}",
@@ -236,26 +258,37 @@ fn build_js(
         transpile(tool, &sdk.join("src/transpile.cjs"), &model, version)?;
     }
     let partial = version.join(".model.wasm.partial");
-    let run = Command::new(tool)
-        .arg("--wit")
-        .arg(wit)
-        .arg("--world")
-        .arg(if decoupled {
-            "decoupled-model"
-        } else {
-            "model"
-        })
-        .args(["--sync", "--js"])
-        .arg(model.join("model.js"))
-        .arg("--module-root")
-        .arg(&root)
-        .arg("-o")
-        .arg(&partial)
-        .output()
-        .with_context(|| format!("cannot run {}", tool.display()))?;
+    let run = output_within(
+        Command::new(tool)
+            .arg("--wit")
+            .arg(wit)
+            .arg("--world")
+            .arg(if decoupled {
+                "decoupled-model"
+            } else {
+                "model"
+            })
+            .args(["--sync", "--js"])
+            .arg(model.join("model.js"))
+            .arg("--module-root")
+            .arg(&root)
+            .arg("-o")
+            .arg(&partial),
+        limit,
+    )
+    .with_context(|| format!("cannot run {}", tool.display()))?;
     let source = match language {
         Language::TypeScript => "model.ts",
         _ => "model.js",
+    };
+    let Some(run) = run else {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "componentize-qjs did not finish building {} in {} s and was stopped (code at \
+             module level that never ends?); a slow machine may need --timeout-secs",
+            version.join(source).display(),
+            limit.as_secs()
+        );
     };
     finish(run, &partial, &version.join(source), "componentize-qjs")
 }
@@ -310,6 +343,49 @@ fn copy_sources(from: &Path, to: &Path) -> anyhow::Result<()> {
 }
 
 /// The component in place, or the tool's complaint with the likely fix.
+/// Runs a build tool to its end and collects what it printed, or stops it once it has run for
+/// `limit` (`None`): componentize-py runs the model's module at build time, so a model.py that
+/// loops at import would otherwise hold `tessera build`, and `tessera deploy`, forever.
+fn output_within(command: &mut Command, limit: Duration) -> std::io::Result<Option<Output>> {
+    use std::io::Read;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Read both pipes while the tool runs: a full pipe would stop it.
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            text
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    Ok(status.map(|status| Output {
+        status,
+        stdout,
+        stderr,
+    }))
+}
+
 fn finish(
     run: std::process::Output,
     partial: &Path,
@@ -385,7 +461,7 @@ fn source_versions(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Language)>> {
         let Some(n) = entry
             .file_name()
             .to_str()
-            .and_then(|n| n.parse::<u64>().ok())
+            .and_then(crate::repository::version_number)
         else {
             continue;
         };
@@ -586,6 +662,7 @@ mod tests {
         let tools = Tools {
             componentize_py: Some(model.join("no-such-componentize-py")),
             componentize_qjs: Some(model.join("no-such-componentize-qjs")),
+            time_limit: None,
         };
         let e = build(model, &tools).expect_err("no tool").to_string();
         assert!(e.contains("pip install componentize-py==0.25.1"), "{e}");

@@ -149,6 +149,10 @@ struct BuildArgs {
     /// componentize-qjs to build a model.js with [default: $COMPONENTIZE_QJS, else on PATH].
     #[arg(long)]
     componentize_qjs: Option<PathBuf>,
+    /// Seconds a build tool may run before it is stopped (componentize-py runs the model's
+    /// module at build time: code at module level that never ends would hold the build).
+    #[arg(long, default_value_t = tessera::guest_build::DEFAULT_TIME_LIMIT.as_secs())]
+    timeout_secs: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -586,6 +590,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let tools = tessera::guest_build::Tools {
                 componentize_py: args.componentize_py,
                 componentize_qjs: args.componentize_qjs,
+                time_limit: Some(std::time::Duration::from_secs(args.timeout_secs)),
             };
             let built = tessera::guest_build::build(&args.dir, &tools)?;
             for path in built {

@@ -218,7 +218,12 @@ impl ModelVersion {
                         tensor.name
                     )));
                 };
-                if b < 1 || b > i64::from(self.config.max_batch_size) {
+                if b < 1 {
+                    return Err(InferError::invalid(format!(
+                        "inference request batch-size must be at least 1 for '{model}', got {b}"
+                    )));
+                }
+                if b > i64::from(self.config.max_batch_size) {
                     return Err(InferError::invalid(format!(
                         "inference request batch-size must be <= {} for '{model}', got {b}",
                         self.config.max_batch_size

@@ -1259,8 +1259,8 @@ fn fingerprint(dir: &Path, config_override: Option<&ModelConfig>) -> std::io::Re
         if config_override.is_some() && name == "config.pbtxt" {
             continue;
         }
-        match name.parse::<i64>() {
-            Ok(v) if v > 0 && path.is_dir() => {
+        match version_number(&name) {
+            Some(v) if path.is_dir() => {
                 let mut h = Sha256::new();
                 hash_tree(&mut h, &path, Path::new(""))?;
                 versions.insert(v, h.finalize().into());
@@ -1470,6 +1470,14 @@ fn prepare(
     (entry, Some(kind))
 }
 
+/// The version a model subfolder's name stands for: a positive integer written plainly. `01` or
+/// `+1` are not versions (a version's folder is found again by its number, `1/`).
+pub fn version_number(name: &str) -> Option<i64> {
+    name.parse::<i64>()
+        .ok()
+        .filter(|&v| v > 0 && v.to_string() == name)
+}
+
 /// Numeric subfolders of a model directory.
 fn version_folders(path: &Path) -> Result<Vec<i64>, String> {
     let entries = std::fs::read_dir(path)
@@ -1477,8 +1485,7 @@ fn version_folders(path: &Path) -> Result<Vec<i64>, String> {
     let mut versions: Vec<i64> = entries
         .flatten()
         .filter(|e| e.path().is_dir())
-        .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
-        .filter(|&v| v > 0)
+        .filter_map(|e| version_number(e.file_name().to_str()?))
         .collect();
     versions.sort_unstable();
     Ok(versions)
@@ -1745,6 +1752,15 @@ impl Repository {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plainly_written_positive_numbers_name_versions() {
+        assert_eq!(version_number("1"), Some(1));
+        assert_eq!(version_number("12"), Some(12));
+        for name in ["01", "+1", "0", "-1", "1.0", " 1", "x"] {
+            assert_eq!(version_number(name), None, "{name}");
+        }
+    }
 
     #[test]
     fn reasons_show_paths_relative_to_the_model_directory() {

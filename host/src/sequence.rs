@@ -204,6 +204,28 @@ impl Sequencer {
             .collect()
     }
 
+    /// The inputs the host fills in, each with the datatype it fills it with: what a backend
+    /// checks against its model file at load, so that a mismatch is a load error, not a failure
+    /// of every request.
+    pub fn host_input_types(config: &ModelConfig) -> Result<Vec<(String, DataType)>, String> {
+        let Some(pb::model_config::SchedulingChoice::SequenceBatching(sb)) =
+            &config.scheduling_choice
+        else {
+            return Ok(Vec::new());
+        };
+        let mut types = Vec::new();
+        for c in &sb.control_input {
+            let control = control(c)?;
+            types.push((control.input, control.datatype));
+        }
+        for s in &sb.state {
+            let datatype = crate::config::datatype_from_config(s.data_type)
+                .ok_or_else(|| format!("state '{}' has no valid data_type", s.input_name))?;
+            types.push((s.input_name.clone(), datatype));
+        }
+        Ok(types)
+    }
+
     /// The names of the state outputs, which the host reads back instead of answering them.
     pub fn state_outputs(config: &ModelConfig) -> Vec<String> {
         match &config.scheduling_choice {
@@ -240,6 +262,18 @@ impl Sequencer {
         Fut: std::future::Future<Output = InferResult>,
     {
         let flags = self.flags(&request)?;
+        // The controls and the state are one row each: a request of more rows would meet them
+        // with a shape mismatch that names a tensor the client never sent. Checked before the
+        // request starts or joins a sequence, which it then leaves as it was.
+        if self.batched
+            && let Some(rows) = request.inputs.iter().find_map(|t| t.shape.first())
+            && *rows != 1
+        {
+            return Err(InferError::invalid(format!(
+                "inference request to model '{}' must specify batch-size 1 due to requirements of sequence batcher, got {rows}",
+                self.shown()
+            )));
+        }
         let sequence = if flags.start {
             self.start(&flags.id)
         } else {

@@ -822,9 +822,7 @@ impl Server {
         let namespace = principal.namespace();
         let key = self.resolve(namespace, model)?;
         if !self.repository.contains(&key, version) {
-            return Err(InferError::not_found(format!(
-                "Request for unknown model: '{model}' is not found"
-            )));
+            return Err(unknown_model(model, version));
         }
         let config = self.repository.config(&key).ok_or_else(|| {
             InferError::unavailable(format!("model '{model}' has no usable configuration"))
@@ -849,9 +847,7 @@ impl Server {
         if let (Some(m), Some(key)) = (model, &key)
             && !self.repository.contains(key, version)
         {
-            return Err(InferError::not_found(format!(
-                "Request for unknown model: '{m}' is not found"
-            )));
+            return Err(unknown_model(m, version));
         }
         Ok(self
             .repository
@@ -1664,6 +1660,16 @@ impl Drop for WaitEdge {
                 edges.remove(&self.caller);
             }
         }
+    }
+}
+
+/// Triton's words for a model (or a version of it) that is not in the repository.
+fn unknown_model(model: &str, version: Option<i64>) -> InferError {
+    match version {
+        Some(v) => InferError::not_found(format!(
+            "Request for unknown model: '{model}' version {v} is not found"
+        )),
+        None => InferError::not_found(format!("Request for unknown model: '{model}' is not found")),
     }
 }
 

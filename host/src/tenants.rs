@@ -310,17 +310,22 @@ impl Drop for Admitted {
 impl Tenant {
     fn new(record: TenantRecord, previous: Option<&Tenant>) -> Tenant {
         let quotas = &record.quotas;
-        let unchanged = previous.filter(|p| p.record.quotas == *quotas);
-        let concurrency = match unchanged {
+        // Each limit keeps its state (requests in flight, the rate's and the budget's spending)
+        // unless its own quota changed: changing one quota must not reset the others.
+        let kept = |same: fn(&Quotas, &Quotas) -> bool| {
+            previous.filter(|p| same(&p.record.quotas, quotas))
+        };
+        let concurrency = match kept(|a, b| a.max_concurrent_requests == b.max_concurrent_requests)
+        {
             Some(p) => p.concurrency.clone(),
             None => Arc::new(Semaphore::new(quotas.max_concurrent_requests as usize)),
         };
-        let rate = match unchanged {
+        let rate = match kept(|a, b| a.requests_per_second == b.requests_per_second) {
             Some(p) => p.rate.clone(),
             None => NonZeroU32::new(quotas.requests_per_second)
                 .map(|rps| Arc::new(RateLimiter::direct(governor::Quota::per_second(rps)))),
         };
-        let tokens = match unchanged {
+        let tokens = match kept(|a, b| a.tokens_per_minute == b.tokens_per_minute) {
             Some(p) => p.tokens.clone(),
             None => (quotas.tokens_per_minute > 0)
                 .then(|| Arc::new(TokenBudget::new(quotas.tokens_per_minute))),
@@ -1180,6 +1185,28 @@ mod tests {
                 .patched(serde_json::json!({ "max_concurrent_requests": 0 }))
                 .is_err()
         );
+        Ok(())
+    }
+
+    #[test]
+    fn changing_one_quota_keeps_the_others_spent() -> Result<(), TenantError> {
+        let dir = scratch();
+        let tenants = Tenants::open(dir.path(), ADMIN)?;
+        tenants.create("acme")?;
+        tenants.set_quotas(
+            "acme",
+            serde_json::json!({ "max_concurrent_requests": 1, "requests_per_second": 1 }),
+        )?;
+        let acme = tenants.get("acme").ok_or_else(|| unknown("acme"))?;
+        let held = acme.admit().map_err(|e| TenantError::Invalid(e.message))?;
+        // An unrelated quota changes: the request in flight still counts, and so does the rate.
+        tenants.set_quotas("acme", serde_json::json!({ "max_models": 3 }))?;
+        let acme = tenants.get("acme").ok_or_else(|| unknown("acme"))?;
+        let busy = acme.admit().err().map(|e| e.message).unwrap_or_default();
+        assert!(busy.contains("max_concurrent_requests"), "{busy}");
+        held.finish(true);
+        let limited = acme.admit().err().map(|e| e.message).unwrap_or_default();
+        assert!(limited.contains("requests_per_second"), "{limited}");
         Ok(())
     }
 

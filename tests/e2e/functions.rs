@@ -501,6 +501,20 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
         404,
         "stays unloaded"
     );
+    // Listed as unloaded, as the repository index lists an unloaded model, not gone.
+    let (status, listing) = server.get("/v1/functions").await;
+    assert_eq!(status, 200, "{listing}");
+    let row = listing
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["name"] == "greeter"))
+        .unwrap_or_else(|| panic!("greeter is listed: {listing}"));
+    assert_eq!(row["state"], "UNAVAILABLE", "{row}");
+    assert!(
+        row["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("unloaded")),
+        "{row}"
+    );
     let (status, body) = server
         .post_json("/v2/repository/functions/greeter/load", &json!({}))
         .await;

@@ -206,7 +206,37 @@ async fn a_shape_only_onnx_runtime_checks_is_the_clients_error() {
         ),
     )
     .expect("config");
+    // The same graph under a config that leaves INPUT1 out: no request could ever succeed, so
+    // it is refused at load, saying which input is missing.
+    let half = repo.join("simple_half");
+    std::fs::create_dir_all(half.join("1")).expect("version folder");
+    std::fs::copy(model.join("1/model.onnx"), half.join("1/model.onnx")).expect("model");
+    std::fs::write(
+        half.join("config.pbtxt"),
+        format!(
+            "name: \"simple_half\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n\
+             input [ {} ]\noutput [ {}, {} ]\n",
+            tensor("INPUT0"),
+            tensor("OUTPUT0"),
+            tensor("OUTPUT1")
+        ),
+    )
+    .expect("config");
     let s = TestServer::start(&[repo], &[], &shared_cache()).await;
+    let (status, index) = s.post_json("/v2/repository/index", &json!({})).await;
+    assert_eq!(status, 200, "{index}");
+    let row = index
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["name"] == "simple_half"))
+        .unwrap_or_else(|| panic!("simple_half is listed: {index}"));
+    assert_eq!(row["state"], "UNAVAILABLE", "{row}");
+    assert!(
+        row["reason"]
+            .as_str()
+            .is_some_and(|r| r
+                .contains("takes the input 'INPUT1', which the configuration does not declare")),
+        "{row}"
+    );
     let inputs = |n: usize| {
         let row: Vec<i32> = (0..n as i32).collect();
         json!([

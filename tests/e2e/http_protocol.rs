@@ -199,6 +199,13 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
             400,
             "batch-size must be <= 8",
         ),
+        (
+            "a batch of no rows",
+            serde_json::to_vec(&json!({ "inputs": add_sub_inputs(&[], &[], 0) })).expect("json"),
+            None,
+            400,
+            "batch-size must be at least 1",
+        ),
         ("truncated binary body", br#"{"inputs":[]}"#.to_vec(), Some(400), 400, "Inference-Header-Content-Length"),
     ];
     for (what, body, header_length, want_status, want_text) in cases {
@@ -283,4 +290,18 @@ async fn stats_count_requests_and_batches() {
         .map(|b| b["batch_size"].as_u64().expect("size"))
         .collect();
     assert_eq!(sizes, vec![1, 2]);
+    // A version the model does not have is named in the answer.
+    let (status, body) = s.get("/v2/models/add_sub/versions/9/stats").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("'add_sub' version 9 is not found")),
+        "{body}"
+    );
+    // The index's `ready` is a boolean, not anything truthy.
+    let (status, body) = s
+        .post_json("/v2/repository/index", &json!({ "ready": "yes" }))
+        .await;
+    assert_eq!(status, 400, "{body}");
 }

@@ -329,11 +329,11 @@ COMPONENTIZE_PY = REPO_ROOT / ".venv" / "bin" / "componentize-py"
 COMPONENTIZE_QJS = REPO_ROOT / "guest-sdk-js" / "node_modules" / ".bin" / "componentize-qjs"
 
 
-def tessera_build(model_dir: Path) -> subprocess.CompletedProcess:
+def tessera_build(model_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     """`tessera build` of a Python or JavaScript model folder with the pinned tools."""
     return subprocess.run([str(binary()), "build", str(model_dir),
                            "--componentize-py", str(COMPONENTIZE_PY),
-                           "--componentize-qjs", str(COMPONENTIZE_QJS)],
+                           "--componentize-qjs", str(COMPONENTIZE_QJS), *extra],
                           capture_output=True, text=True, timeout=300)
 
 

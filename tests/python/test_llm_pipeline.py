@@ -32,10 +32,21 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(TOKENIZER))
 
 
+def greedy(client: OpenAI) -> OpenAI:
+    """`client`, asking for temperature 0 unless a call sets one: these tests compare with the
+    engine's greedy text, and OpenAI's default temperature (the server's too) is 1."""
+    for endpoint in (client.completions, client.chat.completions):
+        def create(*args, _create=endpoint.create, **kwargs):
+            kwargs.setdefault("temperature", 0)
+            return _create(*args, **kwargs)
+        endpoint.create = create
+    return client
+
+
 @pytest.fixture(scope="module")
 def openai_client(server):
-    client = OpenAI(base_url=f"http://{server.host}:{server.http_port}/v1", api_key="unused",
-                    max_retries=0, timeout=120)
+    client = greedy(OpenAI(base_url=f"http://{server.host}:{server.http_port}/v1",
+                           api_key="unused", max_retries=0, timeout=120))
     yield client
     client.close()
 
@@ -432,8 +443,32 @@ def test_sampling_without_a_seed_differs_between_requests_and_a_seed_repeats(ope
     unseeded = {sample() for _ in range(3)}
     assert len(unseeded) > 1, unseeded
     assert sample(seed=7) == sample(seed=7)
-    # top_p 0 keeps only the most likely token (the engine's own 0 means "off").
+    # llama.cpp reads a 32-bit seed of all ones as "random": still the same text each time.
+    assert sample(seed=4294967295) == sample(seed=4294967295)
+    assert sample(seed=7 + (1 << 32)) != sample(seed=7), "seeds 2^32 apart differ"
+    # top_p 0 keeps only the most likely token (the engine's own 0 means "off"), and so does
+    # a p that is 0 as the engine's f32.
     assert len({sample(top_p=0) for _ in range(2)}) == 1
+    assert len({sample(top_p=1e-50) for _ in range(3)}) == 1
+
+
+def test_without_a_temperature_requests_sample_as_openais_do(server):
+    # OpenAI's default temperature is 1: answers differ (the engine alone is greedy).
+    body = {"model": BLS, "prompt": "Once upon a time", "max_tokens": 16}
+    texts = {post(server, "/v1/completions", body)[1]["choices"][0]["text"] for _ in range(4)}
+    assert len(texts) > 1, texts
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "", "max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1536}),
+])
+def test_a_refused_stream_is_a_400_before_any_event(server, path, body):
+    # The sandboxed pre-processing or the engine refuses it: the status says so, as OpenAI's
+    # does, instead of a 200 stream that carries the error.
+    status, answer = post(server, path, {"model": BLS, "stream": True, **body})
+    assert status == 400, answer
+    assert answer["error"]["message"] and answer["error"]["type"] == "invalid_request_error", answer
 
 
 @pytest.mark.parametrize("body, says, param", [
@@ -501,7 +536,7 @@ def test_a_tenant_over_its_token_quota_gets_429_with_retry_after(tmp_path):
             admin(srv, "POST", f"/v1/tenants/acme/grants/{model}")
         admin(srv, "PUT", "/v1/tenants/acme/quotas", {"tokens_per_minute": 60})
         base = f"http://{srv.host}:{srv.http_port}/v1"
-        tenant = OpenAI(base_url=base, api_key=key, max_retries=0)
+        tenant = greedy(OpenAI(base_url=base, api_key=key, max_retries=0))
         # Far more than a minute's tokens (the budget refills while it generates).
         first = tenant.completions.create(model=BLS, prompt="Once upon a time", max_tokens=160)
         assert first.usage.total_tokens > 120
@@ -536,11 +571,3 @@ def test_the_ensemble_is_refused_by_the_openai_endpoints_and_served_by_generate(
     assert status == 200
     assert [m["id"] for m in json.loads(listed)["data"]] == [BLS]
 
-
-def test_a_streamed_request_refused_by_the_model_says_invalid_request(server):
-    # Checked in the BLS, after the stream has begun: the error event keeps the error's kind.
-    events = sse(server, "/v1/chat/completions", {
-        "model": BLS, "stream": True, "max_tokens": 1536,
-        "messages": [{"role": "user", "content": "Hi"}]})
-    errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
-    assert errors and errors[0]["type"] == "invalid_request_error", events

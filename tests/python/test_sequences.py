@@ -117,6 +117,14 @@ def test_requests_outside_a_sequence_get_tritons_errors(seq_server):
     with pytest.raises(InferenceServerException) as e:
         client.infer("simple_sequence", [int_input(httpclient, 1)], sequence_id=424242)
     assert "must specify the START flag on the first request of the sequence" in e.value.message()
+    # Two rows in one sequence request: Triton's answer, not a shape error about a control
+    # tensor the client never sent.
+    rows = httpclient.InferInput("INPUT", [2, 1], "INT32")
+    rows.set_data_from_numpy(np.array([[1], [2]], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple_sequence", [rows], sequence_id=424243, sequence_start=True)
+    assert e.value.status() == "400"
+    assert "must specify batch-size 1 due to requirements of sequence batcher" in e.value.message()
     client.close()
 
 

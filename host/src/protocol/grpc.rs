@@ -579,8 +579,7 @@ impl GrpcInferenceService for Grpc {
         let principal = self.principal(&request)?;
         let shm = self.shared_memory(&principal)?;
         let name = request.into_inner().name;
-        shm.unregister((!name.is_empty()).then_some(name.as_str()))
-            .map_err(|e| status(&e))?;
+        shm.unregister((!name.is_empty()).then_some(name.as_str()));
         Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }
 

@@ -398,7 +398,7 @@ async fn openai_run(
 ) -> Response {
     let body = match read_body(s, body, s.max_body, "--http-max-input-size").await {
         Ok(body) => body,
-        Err(response) => return response,
+        Err(response) => return super::openai::in_openai_shape(response).await,
     };
     let mut prepared = match super::openai::prepare(&s.server, principal, endpoint, &body) {
         Ok(prepared) => prepared,
@@ -420,7 +420,7 @@ async fn openai_run(
     .await;
     match started {
         Err(e) => super::openai::error_response(&e),
-        Ok(stream) if prepared.stream => super::openai::events(&prepared, stream),
+        Ok(stream) if prepared.stream => super::openai::events(&prepared, stream).await,
         Ok(stream) => super::openai::complete(&prepared, stream).await,
     }
 }
@@ -476,6 +476,9 @@ async fn authenticate(
         Ok(principal) => {
             request.extensions_mut().insert(principal);
             next.run(request).await
+        }
+        Err(e) if super::openai::is_openai_path(request.uri().path()) => {
+            super::openai::in_openai_shape(error_response(&e)).await
         }
         Err(e) => error_response(&e),
     }
@@ -794,7 +797,16 @@ async fn repository_index(
         false
     } else {
         match serde_json::from_slice::<Value>(&body) {
-            Ok(Value::Object(o)) => o.get("ready").and_then(Value::as_bool).unwrap_or(false),
+            Ok(Value::Object(o)) => match o.get("ready") {
+                None => false,
+                Some(Value::Bool(ready)) => *ready,
+                // Triton refuses it too: a misspelt `true` listing everything misleads.
+                Some(_) => {
+                    return error_response(InferError::invalid(
+                        "the index request's 'ready' must be true or false",
+                    ));
+                }
+            },
             _ => {
                 return error_response(InferError::invalid(
                     "the index request body must be a JSON object, e.g. {\"ready\": true}",
@@ -1574,10 +1586,8 @@ fn shm_unregister(s: &AppState, principal: &Principal, region: Option<&str>) -> 
         Ok(shm) => shm,
         Err(r) => return *r,
     };
-    match shm.unregister(region) {
-        Ok(()) => json_ok(json!({})),
-        Err(e) => error_response(&e),
-    }
+    shm.unregister(region);
+    json_ok(json!({}))
 }
 
 /// `POST /v2/systemsharedmemory/unregister`: every region.

@@ -113,7 +113,8 @@ struct Body {
     max_tokens: Option<i64>,
     #[serde(default)]
     max_completion_tokens: Option<i64>,
-    #[serde(default)]
+    // `null` is "not set" (some SDKs send every field), as OpenAI takes it.
+    #[serde(default, deserialize_with = "null_is_false")]
     stream: bool,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
@@ -140,7 +141,7 @@ struct Body {
     min_p: Option<f64>,
     #[serde(default)]
     repetition_penalty: Option<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     echo: bool,
     /// Chat: true or false; completions: how many alternatives (0: the chosen token only).
     #[serde(default)]
@@ -155,6 +156,46 @@ struct Body {
     tools: Option<Value>,
     #[serde(default)]
     response_format: Option<Value>,
+}
+
+/// Whether `path` is one of the OpenAI API's, whose errors take OpenAI's shape.
+pub fn is_openai_path(path: &str) -> bool {
+    path == "/v1/chat/completions" || path == "/v1/completions" || path.starts_with("/v1/models")
+}
+
+/// A KServe error answer made before a request reaches the OpenAI handlers (a missing key, a
+/// body over the limit), in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`,
+/// which the `openai` client reads (`e.body["message"]`). Status and headers are kept.
+pub async fn in_openai_shape(response: Response) -> Response {
+    let status = response.status();
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return Response::from_parts(parts, axum::body::Body::empty());
+    };
+    let message = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(o)) => match o.get("error") {
+            Some(Value::String(m)) => m.clone(),
+            _ => return Response::from_parts(parts, axum::body::Body::from(bytes)),
+        },
+        _ => return Response::from_parts(parts, axum::body::Body::from(bytes)),
+    };
+    let (kind, code) = match status.as_u16() {
+        401 => ("invalid_request_error", Value::from("invalid_api_key")),
+        429 => ("rate_limit_error", Value::Null),
+        400..=499 => ("invalid_request_error", Value::Null),
+        _ => ("server_error", Value::Null),
+    };
+    let body =
+        json!({ "error": { "message": message, "type": kind, "param": null, "code": code } });
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(
+        parts,
+        axum::body::Body::from(serde_json::to_vec(&body).unwrap_or_default()),
+    )
+}
+
+fn null_is_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
 }
 
 /// An error in OpenAI's shape, with the status KServe errors get.
@@ -311,6 +352,12 @@ pub fn prepare(
     .into_iter()
     .filter_map(|(field, set)| set.then_some(field))
     .collect();
+    if body.stream_options.is_some() && !body.stream {
+        // OpenAI's answer too: the options are about a stream there is not.
+        return Err(invalid(
+            "stream_options is only allowed when stream is true",
+        ));
+    }
     if !unsupported.is_empty() {
         return Err(invalid(format!(
             "{} {} not supported (n and best_of only as 1)",
@@ -415,7 +462,12 @@ pub fn prepare(
         }
         Ok(())
     };
-    float("temperature", body.temperature)?;
+    // OpenAI's default temperature is 1 (sampling); the engine's own default is greedy.
+    float(
+        "temperature",
+        body.temperature
+            .or_else(|| has_input("temperature").then_some(1.0)),
+    )?;
     // OpenAI takes 0 to 1, and 0 keeps only the most likely token; the engine's `top_p` 0
     // means "off", so 0 goes to the engine as the smallest positive value (which keeps one).
     if body.top_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
@@ -426,13 +478,8 @@ pub fn prepare(
     }
     float(
         "top_p",
-        body.top_p.map(|p| {
-            if p == 0.0 {
-                f64::from(f32::MIN_POSITIVE)
-            } else {
-                p
-            }
-        }),
+        // (Also any p that would be 0 as the engine's f32.)
+        body.top_p.map(|p| p.max(f64::from(f32::MIN_POSITIVE))),
     )?;
     float("presence_penalty", body.presence_penalty)?;
     float("frequency_penalty", body.frequency_penalty)?;
@@ -897,8 +944,18 @@ pub async fn complete(prepared: &Prepared, mut stream: super::ClientStream) -> R
     .into_response()
 }
 
-/// The Server-Sent Events of a streaming request, ending with `data: [DONE]`.
-pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
+/// The Server-Sent Events of a streaming request, ending with `data: [DONE]`. The status waits
+/// for the pipeline's first message: a request that the sandboxed pre-processing or the engine
+/// refuses (a prompt over the context, say) is answered with its status (400), as OpenAI answers,
+/// not with a 200 stream that holds the error.
+pub async fn events(prepared: &Prepared, mut stream: super::ClientStream) -> Response {
+    let head = match stream.stream.next().await {
+        Some(crate::stream::StreamMessage {
+            result: Some(Err(e)),
+            ..
+        }) => return error_response(&e),
+        head => head,
+    };
     let endpoint = prepared.endpoint;
     let include_usage = prepared.include_usage;
     let with_logprobs = prepared.logprobs.is_some();
@@ -923,7 +980,11 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
         }
     };
     enum State {
-        Start(crate::stream::ResponseStream),
+        /// The stream, and its first message, already read.
+        Start(
+            crate::stream::ResponseStream,
+            Option<crate::stream::StreamMessage>,
+        ),
         Running(crate::stream::ResponseStream),
         Done,
     }
@@ -938,24 +999,28 @@ pub fn events(prepared: &Prepared, stream: super::ClientStream) -> Response {
     // The state: where the stream is, the first chunk still to send, and (completions'
     // `text_offset`) how many characters the tokens sent so far hold.
     let events = futures::stream::unfold(
-        (State::Start(stream.stream), first, TextOffset::default()),
+        (State::Start(stream.stream, head), first, TextOffset::default()),
         move |(state, first, mut offset)| {
             let chunk = chunk.clone();
             async move {
-                let mut stream = match state {
+                let (mut stream, head) = match state {
                     State::Done => return None,
-                    State::Start(stream) => {
+                    State::Start(stream, head) => {
                         if let Some(first) = first {
                             return Some((
                                 vec![first.to_string()],
-                                (State::Running(stream), None, offset),
+                                (State::Start(stream, head), None, offset),
                             ));
                         }
-                        stream
+                        (stream, Some(head))
                     }
-                    State::Running(stream) => stream,
+                    State::Running(stream) => (stream, None),
                 };
-                let Some(message) = stream.next().await else {
+                let next = match head {
+                    Some(head) => head,
+                    None => stream.next().await,
+                };
+                let Some(message) = next else {
                     return Some((vec!["[DONE]".to_owned()], (State::Done, None, offset)));
                 };
                 let mut out = Vec::new();

@@ -59,6 +59,52 @@ fn scalar(request: &InferRequest, names: &[&str]) -> Result<Option<f64>, InferEr
     }
 }
 
+/// The request's seed, exactly: a 64-bit integer tensor read as its bits (past 2^53 an f64
+/// would merge neighbours), any other number as a whole number >= 0.
+fn seed_of(request: &InferRequest) -> Result<Option<u64>, InferError> {
+    let Some(tensor) = input(request, &["random_seed", "seed"]) else {
+        return Ok(None);
+    };
+    if let (DataType::Uint64 | DataType::Int64, TensorData::Raw(bytes)) =
+        (tensor.datatype, &tensor.data)
+        && let Ok(raw) = <[u8; 8]>::try_from(bytes.as_ref())
+    {
+        let seed = u64::from_le_bytes(raw);
+        if tensor.datatype == DataType::Int64 && (seed as i64) < 0 {
+            return Err(InferError::invalid(format!(
+                "seed must be a whole number >= 0, got {}",
+                seed as i64
+            )));
+        }
+        return Ok(Some(seed));
+    }
+    match scalar(request, &["random_seed", "seed"])? {
+        Some(seed) if seed < 0.0 || seed.fract() != 0.0 || seed >= 18_446_744_073_709_551_616.0 => {
+            Err(InferError::invalid(format!(
+                "seed must be a whole number from 0 to 2^64 - 1, got {seed}"
+            )))
+        }
+        Some(seed) => Ok(Some(seed as u64)),
+        None => Ok(None),
+    }
+}
+
+/// llama.cpp's sampler takes 32 bits, and reads 0xFFFFFFFF as "draw a random seed": the 64-bit
+/// seed is mixed down (splitmix64's finalizer), so seeds 2^32 apart do not give the same text,
+/// and never to that value, so every seed is reproducible.
+fn sampler_seed(seed: u64) -> u32 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let folded = (z ^ (z >> 32)) as u32;
+    if folded == u32::MAX {
+        u32::MAX - 1
+    } else {
+        folded
+    }
+}
+
 fn finite(
     name: &str,
     value: f64,
@@ -221,14 +267,8 @@ pub fn parse(
             "in [-2, 2]",
         )?;
     }
-    if let Some(seed) = scalar(request, &["random_seed", "seed"])? {
-        if seed < 0.0 || seed.fract() != 0.0 {
-            return Err(InferError::invalid(format!(
-                "seed must be a whole number >= 0, got {seed}"
-            )));
-        }
-        // llama.cpp's sampler takes 32 bits.
-        sampling.seed = (seed as u64 & u64::from(u32::MAX)) as u32;
+    if let Some(seed) = seed_of(request)? {
+        sampling.seed = sampler_seed(seed);
     }
     let min_tokens = match scalar(request, &["min_length", "min_tokens"])? {
         Some(m) if m < 0.0 || m.fract() != 0.0 || m > f64::from(max_tokens) => {
@@ -389,6 +429,34 @@ mod tests {
         assert_eq!(parsed.generation.sampling, Sampling::default());
         assert!(!parsed.streaming);
         assert!(parsed.echo_prompt);
+    }
+
+    #[test]
+    fn every_seed_is_reproducible_and_seeds_2_32_apart_differ() {
+        let seed = |value: u64| {
+            let tensor = Tensor::new(
+                "random_seed",
+                DataType::Uint64,
+                vec![1, 1],
+                TensorData::Raw(value.to_le_bytes().to_vec().into()),
+            );
+            parse(&request(vec![ids(&[5]), len(4), tensor]), &facts(), false)
+                .unwrap()
+                .generation
+                .sampling
+                .seed
+        };
+        // llama.cpp draws a random seed for 0xFFFFFFFF: no request seed may reach it.
+        for s in [u64::from(u32::MAX), 7, 0, u64::MAX, (1 << 62) + 7] {
+            assert_ne!(seed(s), u32::MAX, "seed {s}");
+            assert_eq!(seed(s), seed(s));
+        }
+        assert_ne!(seed(7), seed(7 + (1 << 32)));
+        assert_ne!(
+            seed(0),
+            seed((1 << 62) + 7),
+            "read exactly, not through an f64"
+        );
     }
 
     #[test]

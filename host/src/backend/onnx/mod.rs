@@ -464,6 +464,37 @@ fn load(
             &path,
         )?;
     }
+    // What the host fills in for a stateful model must be what the graph takes.
+    for (name, datatype) in
+        crate::sequence::Sequencer::host_input_types(config).map_err(LoadError::invalid)?
+    {
+        let Some(found) = declared.inputs.iter().find(|s| s.name == name) else {
+            return Err(LoadError::invalid(format!(
+                "sequence_batching input '{name}' is not an input of {}",
+                path.display()
+            )));
+        };
+        if found.datatype != datatype {
+            return Err(LoadError::invalid(format!(
+                "sequence_batching input '{name}' is {datatype}, but the model's is {}",
+                found.datatype
+            )));
+        }
+    }
+    // Every input the graph needs must come from somewhere: left out of the configuration, no
+    // request could give it and every one would fail (Triton refuses such a model too).
+    let host_inputs = crate::sequence::Sequencer::host_inputs(config);
+    if let Some(missing) = declared
+        .inputs
+        .iter()
+        .find(|s| !config.input.iter().any(|i| i.name == s.name) && !host_inputs.contains(&s.name))
+    {
+        return Err(LoadError::invalid(format!(
+            "{} takes the input '{}', which the configuration does not declare (nor sequence_batching fill in)",
+            path.display(),
+            missing.name
+        )));
+    }
     for output in &config.output {
         check_declared(
             "output",
