@@ -110,6 +110,41 @@ function response(r) {
   return { outputs: r?.outputs ?? [], parameters: r?.parameters ?? [] };
 }
 
+const DATATYPES = new Set(["bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
+  "int64", "fp16", "fp32", "fp64", "bytes"]);
+const PARAMETER_TAGS = new Set(["bool", "int", "double", "string"]);
+
+/**
+ * What the WIT lowering would choke on, named: a malformed output or parameter there traps the
+ * instance (its state lost) with "unreachable executed"; here it fails the request, saying why.
+ */
+function checkShape(r, by) {
+  const outputs = r.outputs ?? [];
+  if (!Array.isArray(outputs)) {
+    throw new Error(`${by} returned outputs as ${typeof outputs}; outputs is an array of tensors (tensor(name, datatype, shape, values))`);
+  }
+  outputs.forEach((t, i) => {
+    const where = `${by}: output ${i}`;
+    if (t == null || typeof t !== "object") throw new Error(`${where} is ${t === null ? "null" : typeof t}, not a tensor (use tensor(name, datatype, shape, values))`);
+    if (typeof t.name !== "string") throw new Error(`${where} has no name`);
+    if (!DATATYPES.has(t.datatype)) throw new Error(`${where} ('${t.name}') has datatype ${JSON.stringify(t.datatype)}; one of ${[...DATATYPES].join(", ")}`);
+    if (!Array.isArray(t.shape) && !ArrayBuffer.isView(t.shape)) throw new Error(`${where} ('${t.name}') has no shape array`);
+    const data = t.data;
+    const rawOk = data?.tag === "raw" && data.val instanceof Uint8Array;
+    const elementsOk = data?.tag === "elements" && Array.isArray(data.val) && data.val.every((e) => e instanceof Uint8Array);
+    if (!rawOk && !elementsOk) throw new Error(`${where} ('${t.name}') has data that is neither { tag: "raw", val: Uint8Array } nor { tag: "elements", val: Uint8Array[] }`);
+  });
+  const parameters = r.parameters ?? [];
+  if (!Array.isArray(parameters)) {
+    throw new Error(`${by} returned parameters as ${typeof parameters}; parameters is an array of { key, value: { tag, val } }`);
+  }
+  for (const p of parameters) {
+    if (typeof p?.key !== "string" || !PARAMETER_TAGS.has(p?.value?.tag)) {
+      throw new Error(`${by} returned a parameter that is not { key: string, value: { tag: "bool" | "int" | "double" | "string", val } }: ${JSON.stringify(p)}`);
+    }
+  }
+}
+
 /** A handler's answer, checked: a response object, not nothing and not a Promise. */
 function answer(r, by) {
   if (r == null || typeof r !== "object") {
@@ -118,6 +153,7 @@ function answer(r, by) {
   if (typeof r.then === "function") {
     throw new Error(`${by} returned a Promise: handlers run synchronously (the host does not enable component-model async)`);
   }
+  checkShape(r, by);
   return response(r);
 }
 

@@ -12,6 +12,7 @@ What is not here fails with `NotInSandbox`, naming the call: never a wrong answe
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import math
 import operator
@@ -23,7 +24,7 @@ __tessera_stand_in__ = True
 __all__ = [
     "NotInSandbox", "dtype", "ndarray", "array", "zeros", "ones", "full", "result_type",
     "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "object_", "bytes_",
+    "float16", "float32", "float64", "object_", "bytes_", "str_",
 ]
 
 
@@ -86,14 +87,51 @@ float16 = dtype("float16", "f", 2, "e")
 float32 = dtype("float32", "f", 4, "f")
 float64 = dtype("float64", "f", 8, "d")
 object_ = dtype("object", "O", 8, "")
-bytes_ = object_  # BYTES tensors are object arrays of bytes, as in Triton's Python backend
+
+
+class _TextType:
+    """numpy's `bytes_` and `str_` as a dtype argument: `astype(np.bytes_)`,
+    `np.array(values, dtype=np.bytes_)`, `np.bytes_(v)` give each value's text as numpy writes
+    it (`b"0.1"` for float32 0.1). The array holds them as an object array, the form a BYTES
+    tensor has in Triton's Python backend (numpy's would be `|S3`, with the same values)."""
+
+    def __init__(self, name: str, encode: bool):
+        self.__name__ = name
+        self.encode = encode
+
+    def __repr__(self):
+        return f"<class 'numpy.{self.__name__}'>"
+
+    def __call__(self, value=b""):
+        return _text_of(value, _kind_of_value(value), float64, self.encode)
+
+
+bytes_ = _TextType("bytes_", True)
+str_ = _TextType("str_", False)
 
 _BY_NAME = {d.name: d for d in (bool_, int8, int16, int32, int64, uint8, uint16, uint32,
                                  uint64, float16, float32, float64, object_)}
-_BY_NAME.update({"bool_": bool_, "object_": object_, "bytes_": object_, "single": float32,
+_BY_NAME.update({"bool_": bool_, "object_": object_, "single": float32,
                  "double": float64, "half": float16})
 _PY_TYPES = {bool: bool_, int: int64, float: float64, bytes: object_, str: object_,
              object: object_}
+
+
+def _text_target(d):
+    """`bytes_` or `str_` when `d` asks for numpy's text types (which convert each value to its
+    text), else None."""
+    if isinstance(d, _TextType):
+        return d
+    if d is bytes:
+        return bytes_
+    if d is str:
+        return str_
+    name = d if isinstance(d, str) else getattr(d, "__name__", None)
+    if name in ("bytes_", "bytes", "S", "|S", "string_"):
+        return bytes_
+    if name in ("str_", "str", "unicode", "U", "<U", "unicode_"):
+        return str_
+    return None
 
 
 def as_dtype(d) -> dtype:
@@ -102,6 +140,8 @@ def as_dtype(d) -> dtype:
         return d
     if d is None:
         return float64
+    if _text_target(d) is not None:
+        return object_
     if isinstance(d, type) and d in _PY_TYPES:
         return _PY_TYPES[d]
     name = d if isinstance(d, str) else getattr(d, "name", None) or getattr(d, "__name__", None)
@@ -151,6 +191,57 @@ def _round_floats(values: list, d: dtype) -> list:
                                   struct.pack(f"<{len(values)}{d.code}", *values)))
     except (OverflowError, struct.error):
         return [_round_float(v, d) for v in values]
+
+
+# numpy writes a float positionally from 1e-4 up to this, in scientific notation past it.
+_POSITIONAL_BELOW = {"float16": 1e3, "float32": 1e6, "float64": 1e16}
+
+
+def _shortest_float_text(v: float, d: "dtype") -> str:
+    """numpy's text of a float of dtype `d` (its `str`): the shortest digits that read back as
+    the same value in `d` (float32 0.1 is "0.1", not the double's "0.10000000149011612"),
+    positional between 1e-4 and a bound of the type, else scientific ("1.6777216e+07")."""
+    if math.isnan(v) or math.isinf(v) or v == 0:
+        return repr(v)
+    shortest = repr(v)
+    if d is not float64:
+        for digits in range(17):
+            # The rounded digits, or one step either side (at a power of two the spacing of
+            # the type changes, and the closest digits may read back only from one side).
+            mantissa, exponent = f"{v:.{digits}e}".split("e")
+            step = 10.0 ** -digits
+            found = [text for text in (
+                f"{float(mantissa) + delta * step:.{digits}f}e{exponent}" for delta in (0, 1, -1))
+                if _round_float(float(text), d) == v]
+            if found:
+                # The closest (exactly: a tie keeps the rounded digits, as numpy does).
+                shortest = min(found, key=lambda text: abs(decimal.Decimal(text)
+                                                           - decimal.Decimal(v)))
+                shortest = f"{float(shortest):.{digits}e}"
+                break
+    if v == 0 or 1e-4 <= abs(v) < _POSITIONAL_BELOW[d.name]:
+        return repr(float(shortest))
+    if "e" not in shortest:
+        return shortest
+    # The shortest digits, in Python's exponent style (at least two digits, with a sign).
+    digits, exponent = shortest.split("e")
+    digits = digits.rstrip("0").rstrip(".") if "." in digits else digits
+    return f"{digits}e{int(exponent):+03d}"
+
+
+def _text_of(v, src_kind: str, src: "dtype", encode: bool):
+    """One value as numpy's `astype(bytes_)` (encode) or `astype(str_)` writes it."""
+    if src_kind == "f" or isinstance(v, float):
+        text = _shortest_float_text(v, src if src_kind == "f" else float64)
+    elif isinstance(v, bytes):
+        # numpy's bytes_ and str_ convert with ASCII (UnicodeDecodeError otherwise), as here.
+        return v if encode else v.decode("ascii")
+    elif isinstance(v, str):
+        text = v
+    else:
+        text = str(v)  # ints, bools ("True"), and, as numpy, any other object's str
+    # numpy's bytes_ takes ASCII only (UnicodeEncodeError otherwise), as here.
+    return text.encode("ascii") if encode else text
 
 
 def _cast_scalar(v, src_kind: str, d: dtype):
@@ -462,6 +553,11 @@ class ndarray:
         return ndarray._of(list(self._data), self.shape, self.dtype)
 
     def astype(self, d, copy=True):
+        text = _text_target(d)
+        if text is not None:
+            kind = self.dtype.kind
+            return ndarray._of([_text_of(v, kind, self.dtype, text.encode) for v in self._data],
+                               self.shape, object_)
         d = as_dtype(d)
         if d is self.dtype:
             return self.copy() if copy else self
@@ -811,6 +907,10 @@ def array(obj, dtype=None) -> ndarray:
     shape = _infer_shape(obj)
     flat: list = []
     _flatten(obj, flat)
+    text = _text_target(dtype) if dtype is not None else None
+    if text is not None:
+        return ndarray._of([_text_of(v, _kind_of_value(v), float64, text.encode) for v in flat],
+                           shape, object_)
     if dtype is None:
         kinds = {_kind_of_value(v) for v in flat}
         d = (object_ if "O" in kinds else float64 if "f" in kinds else int64 if "i" in kinds

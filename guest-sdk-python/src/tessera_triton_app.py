@@ -109,10 +109,8 @@ if hasattr(exports, "Handler"):  # the `model` world
                 responses = _execute(pb_requests)
             except wire.USER_FAILURES as e:  # noqa: BLE001 - Triton fails every request of the batch
                 return [wire.Err(wire.error_to_wit("internal", _message(e))) for _ in requests]
-            if responses is None or len(responses) != len(requests):
-                got = "None" if responses is None else str(len(responses))
-                message = (f"execute returned {got} responses for {len(requests)} requests; "
-                           "a model must return one InferenceResponse per request")
+            message = _not_one_per_request(responses, len(requests))
+            if message is not None:
                 return [wire.Err(wire.error_to_wit("internal", message)) for _ in requests]
             return [_to_wit(resp, req) for resp, req in zip(responses, wire_requests)]
 
@@ -186,6 +184,18 @@ if hasattr(exports, "ConfigCompletion"):  # built for a model.py with auto_compl
                 raise wire.Err(f"the completed configuration is not JSON: {e}") from None
 
 
+def _not_one_per_request(responses, count: int):
+    """Why `execute`'s return is not one response per request (None when it is)."""
+    if not isinstance(responses, (list, tuple)):
+        # Triton's stub: "Expected a list in the execute return".
+        return (f"execute returned a {type(responses).__name__}; a model must return a list "
+                "with one InferenceResponse per request")
+    if len(responses) != count:
+        return (f"execute returned {len(responses)} responses for {count} requests; "
+                "a model must return one InferenceResponse per request")
+    return None
+
+
 def _to_wit(response, request: "wire.WireRequest"):
     if not isinstance(response, pb_utils.InferenceResponse):
         return wire.Err(wire.error_to_wit(
@@ -196,6 +206,9 @@ def _to_wit(response, request: "wire.WireRequest"):
         kind = pb_utils.ERROR_KINDS.get(err.code(), "internal")
         return wire.Err(wire.error_to_wit(kind, err.message()))
     wanted = set(request.requested_outputs)
-    outputs = [pb_utils._wire_as_declared(t).to_wit() for t in response._outputs
-               if not wanted or t.name() in wanted]
-    return Ok(types.Response(outputs, wire.parameters_to_wit(response._parameters)))
+    try:
+        outputs = [pb_utils._wire_as_declared(t).to_wit() for t in response._outputs
+                   if not wanted or t.name() in wanted]
+        return Ok(types.Response(outputs, wire.parameters_to_wit(response._parameters)))
+    except wire.USER_FAILURES as e:  # noqa: BLE001 - this response fails, not the instance
+        return wire.Err(wire.error_to_wit("internal", f"the response could not be sent: {_message(e)}"))

@@ -46,10 +46,11 @@ def _is_real_numpy(np) -> bool:
     return not getattr(np, "__tessera_stand_in__", False)
 
 
-# What a model's code may raise that answers its request(s) with an error. `sys.exit()` and
-# `KeyboardInterrupt` are not `Exception`s; uncaught, they would trap the instance, and the
-# client would read only "unreachable instruction executed".
-USER_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+# What a model's code may raise that answers its request(s) with an error: anything. `sys.exit()`,
+# `KeyboardInterrupt` and a bare `BaseException` are not `Exception`s; uncaught, they would trap
+# the instance (losing its state), and the client would read only "unreachable instruction
+# executed".
+USER_FAILURES = (BaseException,)
 
 
 class InferError(Exception):

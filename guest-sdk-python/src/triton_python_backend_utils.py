@@ -209,6 +209,8 @@ class Tensor:
     and goes on to a BLS call or a response without a copy."""
 
     def __init__(self, name: str, data, dtype=None):
+        if not isinstance(name, str):  # as Triton's binding: a name is text
+            raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
         self._name = name
         if isinstance(data, wire.WireTensor):
             self._wire, self._array = data, None
@@ -435,12 +437,17 @@ ERROR_KINDS = {
 class InferenceResponse:
     def __init__(self, output_tensors=None, error=None, parameters=None):
         self._outputs = list(output_tensors or [])
+        for t in self._outputs:
+            if not isinstance(t, Tensor):  # Triton's binding refuses these here too
+                raise TypeError("InferenceResponse output_tensors must be pb_utils.Tensor "
+                                f"objects, not {type(t).__name__}")
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
         self._error = error
         if isinstance(parameters, str):
             parameters = json.loads(parameters)
         self._parameters = dict(parameters or {})
+        _check_parameters(self._parameters)
 
     def output_tensors(self):
         return list(self._outputs)
@@ -453,6 +460,25 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         return json.dumps(self._parameters)
+
+
+def _check_parameters(parameters: dict) -> None:
+    """Triton's checks on a response's parameters (with its words), so that a value the wire
+    cannot carry fails in the model's code instead of arriving as its `repr`."""
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(key).__name__}")
+        if isinstance(value, bool) or isinstance(value, (str, float)):
+            continue
+        if isinstance(value, int):
+            if not -(1 << 63) <= value < (1 << 63):
+                raise TritonModelException(
+                    f"parameter '{key}': {value} does not fit a 64-bit integer")
+            continue
+        raise TritonModelException(
+            "Expect parameters values to have type bool/int/str/float, found type "
+            f"{type(value).__name__}")
 
 
 class InferenceResponseSender:

@@ -103,6 +103,23 @@ test("a unary handler that answers with nothing or a Promise fails the request",
     assert.equal(result.tag, "err");
     assert.match(result.val.message, new RegExp(says));
   }
-  const ok = model({ executeRequest: () => ({ outputs: ["x"] }) });
-  assert.deepEqual(ok.execute([{}]), [{ tag: "ok", val: { outputs: ["x"], parameters: [] } }]);
+  const { fromStrings } = await import("../../guest-sdk-js/src/index.js");
+  const x = fromStrings("OUT", [1], ["x"]);
+  const ok = model({ executeRequest: () => ({ outputs: [x] }) });
+  assert.deepEqual(ok.execute([{}]), [{ tag: "ok", val: { outputs: [x], parameters: [] } }]);
+});
+
+test("a malformed answer fails its request, saying what is wrong, instead of trapping", async () => {
+  const { model } = await import("../../guest-sdk-js/src/index.js");
+  for (const [value, says] of [
+    [{ outputs: "nope" }, "outputs is an array of tensors"],
+    [{ outputs: ["x"] }, "output 0 is string, not a tensor"],
+    [{ outputs: [{ name: "OUT" }] }, "has datatype undefined"],
+    [{ outputs: [], parameters: { a: 1 } }, "parameters is an array"],
+    [{ outputs: [], parameters: [{ key: "a", value: 5 }] }, "a parameter that is not"],
+  ]) {
+    const [result] = model({ executeRequest: () => value }).execute([{}]);
+    assert.equal(result.tag, "err");
+    assert.match(result.val.message, new RegExp(says));
+  }
 });

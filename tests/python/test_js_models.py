@@ -82,6 +82,12 @@ export const handler = model({
     if (mode === "loop") { for (;;) {} }
     if (mode === "memory") { const hoard = []; for (;;) hoard.push(new Uint8Array(16 << 20)); }
     if (mode === "throw") { throw new TypeError("thrown on purpose"); }
+    if (mode === "outputs_str") { return { outputs: "nope" }; }
+    if (mode === "outputs_plain") { return { outputs: [{ name: "OUT" }] }; }
+    if (mode === "bad_datatype") {
+      return { outputs: [{ ...fromStrings("OUT", [1], ["x"]), datatype: "fp99" }] };
+    }
+    if (mode === "bad_parameter") { return { outputs: [], parameters: [{ key: "a", value: 5 }] }; }
     if (mode === "fetch") { return { outputs: [fromStrings("OUT", [1], [typeof fetch])] }; }
     // UTF-8 both ways, without TextEncoder (QuickJS has none).
     const echoed = utf8Decode(utf8Encode(mode));
@@ -209,6 +215,11 @@ def test_javascript_has_no_network(js_server):
     ("loop", "deadline"),
     ("memory", "out of memory"),  # QuickJS's InternalError: the linear memory is capped
     ("throw", "typeerror: thrown on purpose"),
+    # Malformed answers: named, not a trap of the instance ("unreachable executed").
+    ("outputs_str", "outputs is an array of tensors"),
+    ("outputs_plain", "has datatype undefined"),
+    ("bad_datatype", "has datatype \"fp99\""),
+    ("bad_parameter", "returned a parameter that is not"),
 ])
 def test_the_sandbox_contains_a_misbehaving_model_js(js_server, mode, expected):
     with pytest.raises(InferenceServerException) as e:

@@ -216,6 +216,49 @@ def test_bytes_arrays_are_object_arrays():
     assert ours.reshape(3, 1)[2][0] == b""
 
 
+@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
+def test_numbers_to_text_read_as_numpys(name):
+    # astype(np.bytes_) is how post-processing turns numbers into a BYTES output: float32 0.1
+    # must be b"0.1" (numpy's shortest digits for the type), not the double's digits.
+    rng = np.random.default_rng(7)
+    values = [0.1, 1.0, -0.0, math.nan, -math.inf, 1e-4, 9.9e-5, 1000.0, 999999.9, 1e6, 1e15,
+              1e16, 6e-8, -0.015625, 2.0 ** -12, 2.0 ** -14]
+    values += [float(v) for v in rng.uniform(-1, 1, 3000) * 10.0 ** rng.integers(-9, 25, 3000)]
+    values += [float(s) * 2.0 ** int(e) for s, e in zip(rng.choice([-1, 1], 500),
+                                                          rng.integers(-24, 60, 500))]
+    if name == "float16":
+        values = [v for v in values if math.isnan(v) or math.isinf(v) or abs(v) < 65000]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = np.array(values, dtype=name)
+    ours = tnp.array(values, dtype=name)
+    for target in ("bytes_", "str_"):
+        assert ours.astype(getattr(tnp, target)).tolist() == \
+            real.astype(getattr(np, target)).tolist()
+
+
+def test_text_conversions_of_ints_bools_and_objects_read_as_numpys():
+    for values, dtype in (([1, -2, 3], "int64"), ([0, 255], "uint8"), ([True, False], "bool_")):
+        real, ours = np.array(values, dtype=dtype), tnp.array(values, dtype=dtype)
+        for target in ("bytes_", "str_"):
+            assert ours.astype(getattr(tnp, target)).tolist() == \
+                real.astype(getattr(np, target)).tolist()
+        assert ours.astype(bytes).tolist() == real.astype(bytes).tolist()
+        assert ours.astype(str).tolist() == real.astype(str).tolist()
+    mixed = [b"x", 1, 2.5, None, "y"]
+    for target in ("bytes_", "str_"):
+        assert tnp.array(mixed, dtype=tnp.object_).astype(getattr(tnp, target)).tolist() == \
+            np.array(mixed, dtype=np.object_).astype(getattr(np, target)).tolist()
+    for values in ([1, 2.5, True, 1e20], ["ab", "c"], [b"x"]):
+        for target in ("bytes_", "str_"):
+            assert tnp.array(values, dtype=getattr(tnp, target)).tolist() == \
+                np.array(values, dtype=getattr(np, target)).tolist()
+    # Compared with bytes, elementwise (the array holds them as objects, as a BYTES tensor).
+    assert (tnp.array([1, 2]).astype(tnp.bytes_) == b"1").tolist() == [True, False]
+    with pytest.raises(UnicodeEncodeError):
+        tnp.array(["é"], dtype=tnp.bytes_)
+
+
 @pytest.mark.parametrize("call", [
     lambda a: a.cumsum(), lambda a: a.sum(axis=(0, 1)), lambda a: a[..., 0],
     lambda a: a.__setitem__(0, 1), lambda a: a.dot(a), lambda a: a[[0, 1]],
@@ -586,3 +629,18 @@ def test_a_python_int_out_of_the_dtypes_range_is_an_overflow_error_as_in_numpy(m
 @pytest.mark.parametrize("values", [[2**63], [2**64 - 1, 0], [-1, 2**63], [2**64], [1, -(2**63)]])
 def test_python_ints_past_int64_take_numpys_dtype(values):
     assert tnp.array(values).dtype.name == np.array(values).dtype.name, values
+
+
+def test_a_response_refuses_what_the_wire_cannot_carry_as_triton_does():
+    out = pb_utils.Tensor("OUT", np.ones(2, dtype=np.float32))
+    pb_utils.InferenceResponse([out], parameters={"s": "x", "i": -(1 << 63), "b": True, "f": 0.5})
+    with pytest.raises(pb_utils.TritonModelException, match="bool/int/str"):
+        pb_utils.InferenceResponse([out], parameters={"a": [1, 2]})
+    with pytest.raises(pb_utils.TritonModelException, match="64-bit"):
+        pb_utils.InferenceResponse([out], parameters={"a": 1 << 63})
+    with pytest.raises(pb_utils.TritonModelException, match="keys to have type str"):
+        pb_utils.InferenceResponse([out], parameters={1: "a"})
+    with pytest.raises(TypeError, match="pb_utils.Tensor"):
+        pb_utils.InferenceResponse(["OUT"])
+    with pytest.raises(TypeError, match="name must be a str"):
+        pb_utils.Tensor(b"OUT", np.ones(1))

@@ -82,6 +82,25 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
+            # Mistakes in what execute returns: each an error answer, the instance kept.
+            if mode == "not_a_list":
+                return pb_utils.InferenceResponse(output_tensors=[])
+            if mode == "base_exception":
+                raise BaseException("not an Exception")
+            if mode == "huge_parameter":
+                responses.append(pb_utils.InferenceResponse(parameters={"a": 2**70}))
+                continue
+            if mode == "object_parameter":
+                responses.append(pb_utils.InferenceResponse(parameters={"a": object()}))
+                continue
+            if mode == "tensor_named_5":
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(5, np.ones(1))]))
+                continue
+            if mode == "count":
+                self.count = getattr(self, "count", 0) + 1
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.array([str(self.count).encode()], dtype=np.object_))]))
+                continue
             if mode == "loop":
                 while True:
                     pass
@@ -625,6 +644,24 @@ def test_the_sandbox_contains_a_misbehaving_model_py(python_server, mode, expect
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
 
 
+@pytest.mark.parametrize("mode,expected", [
+    ("not_a_list", "execute returned a InferenceResponse; a model must return a list"),
+    ("base_exception", "BaseException: not an Exception"),
+    ("huge_parameter", "does not fit a 64-bit integer"),
+    ("object_parameter", "Expect parameters values to have type bool/int/str/float"),
+    ("tensor_named_5", "Tensor name must be a str, not int"),
+])
+def test_a_model_py_returning_the_wrong_thing_is_told_so_and_keeps_its_state(python_server, mode,
+                                                                            expected):
+    before = int(_probe(python_server, "count"))
+    with pytest.raises(InferenceServerException) as e:
+        _probe(python_server, mode)
+    assert expected in e.value.message(), e.value.message()
+    assert "trapped" not in e.value.message()
+    # The same instance answers next: its state is there (a trap would have replaced it).
+    assert int(_probe(python_server, "count")) == before + 1
+
+
 def test_a_model_py_computes_with_the_sandboxs_numpy(python_server):
     got = json.loads(_probe(python_server, "numpy"))
     logits = np.array([[1.0, 3.0, 2.0, -1.0], [0.5, 0.5, 4.0, 1.0]], dtype=np.float32)
@@ -736,6 +773,23 @@ def test_a_model_py_without_a_handler_class_fails_the_build_saying_so(tmp_path):
         built.stderr
     assert "Stack backtrace" not in built.stderr
     assert not (model / "1" / "model.wasm").exists()
+
+
+def test_a_model_py_that_never_ends_at_import_stops_the_build_saying_so(tmp_path):
+    # componentize-py runs the module to snapshot it: a loop at module level held the build
+    # (and `tessera deploy`) forever.
+    model = tmp_path / "loops_at_import"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "loops_at_import"\nbackend: "python"\n')
+    (model / "1" / "model.py").write_text("while True:\n    pass\n")
+    started = time.monotonic()
+    built = tessera_build(model, "--timeout-secs", "20")
+    assert built.returncode != 0
+    assert time.monotonic() - started < 120
+    assert "did not finish building" in built.stderr and "module level" in built.stderr, \
+        built.stderr
+    assert not (model / "1" / "model.wasm").exists()
+    assert not (model / "1" / ".model.wasm.partial").exists()
 
 
 def _stream(srv, mode: str, model: str = "decoupled_probe", input_name: str = "MODE",

@@ -12,8 +12,8 @@ import math as _math
 import tessera_ndarray as _t
 from tessera_ndarray import (  # noqa: F401 - numpy's names
     NotInSandbox, __tessera_stand_in__, array, bool_, bytes_, dtype, float16, float32, float64,
-    full, int8, int16, int32, int64, ndarray, object_, ones, result_type, uint8, uint16, uint32,
-    uint64, zeros,
+    full, int8, int16, int32, int64, ndarray, object_, ones, result_type, str_, uint8, uint16,
+    uint32, uint64, zeros,
 )
 
 __version__ = "0+tessera.sandbox"
