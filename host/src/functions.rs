@@ -129,6 +129,31 @@ pub fn parse_manifest(text: &str) -> Result<FunctionSpec, String> {
             "outgoing.allowed_hosts entry {host:?} is not a host name or host:port (hosts are matched exactly; wildcards, paths and empty names are not accepted)"
         ));
     }
+    // A port must be a port: "host:99999" would silently match nothing.
+    if let Some(host) = manifest.outgoing.allowed_hosts.iter().find(|h| {
+        // `[::1]` is an IPv6 address without a port.
+        (!h.ends_with(']'))
+            .then(|| h.rsplit_once(':'))
+            .flatten()
+            .is_some_and(|(name, port)| {
+                name.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0)
+            })
+    }) {
+        return Err(format!(
+            "outgoing.allowed_hosts entry {host:?} has no valid port (host or host:port, the port 1-65535)"
+        ));
+    }
+    // What an environment can hold: a name with `=` reads as another variable, an empty name
+    // is dropped, and a NUL ends the name or value where the guest reads it.
+    if let Some((name, _)) = manifest
+        .env
+        .iter()
+        .find(|(name, value)| name.is_empty() || name.contains(['=', '\0']) || value.contains('\0'))
+    {
+        return Err(format!(
+            "env entry {name:?} cannot be an environment variable (names are not empty and hold no '=' or NUL; values hold no NUL)"
+        ));
+    }
     let sandbox = Limits {
         max_memory_bytes: size(l.max_memory_bytes),
         execute_deadline: Duration::from_millis(l.timeout_ms),
@@ -717,6 +742,25 @@ mod tests {
             let text = format!("[outgoing]\nallowed_hosts = [{bad}]\n");
             let e = parse_manifest(&text).err().unwrap_or_default();
             assert!(e.contains("matched exactly"), "{bad}: {e}");
+        }
+        for bad in ["\"x:99999\"", "\"x:notaport\"", "\"x:0\"", "\":80\""] {
+            let text = format!("[outgoing]\nallowed_hosts = [{bad}]\n");
+            let e = parse_manifest(&text).err().unwrap_or_default();
+            assert!(e.contains("no valid port"), "{bad}: {e}");
+        }
+        let hosts = "[outgoing]\nallowed_hosts = [\"[::1]\", \"[::1]:8080\", \"x\"]\n";
+        assert!(
+            parse_manifest(hosts).is_ok(),
+            "IPv6 literals, with and without a port"
+        );
+        for bad in ["\"A=B\" = \"c\"", "\"\" = \"x\"", "A = \"x\\u0000y\""] {
+            let e = parse_manifest(&format!("[env]\n{bad}\n"))
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.contains("cannot be an environment variable"),
+                "{bad}: {e}"
+            );
         }
         let e = parse_manifest("[limits]\ntimeout_ms = 18446744073709551615\n")
             .err()

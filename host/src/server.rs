@@ -1423,6 +1423,7 @@ impl Server {
             control.forget(&key);
         }
         self.functions.remove_tenant(name).await;
+        self.wasm.forget_tenant(name);
         crate::deploy::disk(|| {
             if let Some(store) = self.repository.store() {
                 store.remove_tenant(name)?;

@@ -170,6 +170,29 @@ async fn a_function_is_isolated() {
     )
     .await;
     assert!(denied.contains("HttpRequestDenied"), "{denied}");
+    // The path reaches the guest as the client wrote it, still encoded (as `wasmtime serve`
+    // passes it): a decoded `%3F` would start a query, a `%2F` or `..` would pass its routing.
+    for (sent, seen) in [
+        ("status%3F418", "unknown probe /status%3F418"),
+        ("a%2Fb", "unknown probe /a%2Fb"),
+        ("..%2F..%2Fetc", "unknown probe /..%2F..%2Fetc"),
+        ("a%20b", "unknown probe /a%20b"),
+    ] {
+        assert_eq!(get(&server, &probe(sent)).await, (200, seen.to_owned()));
+    }
+    // An answer the server gives for the function, its body unread, says the connection ends.
+    let (status, headers, _) = call(
+        &server,
+        reqwest::Method::POST,
+        "/v1/functions/no_such_function/",
+        vec![0; 4096],
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        headers.get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
     let log = server.stop();
     assert!(log.contains("denied: not in allowed_hosts"), "{log}");
 }
@@ -433,6 +456,13 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
     assert_eq!(
         get(&server, "/v1/functions/greeter/").await,
         (200, "Two!\n".to_owned())
+    );
+    // The function's counters span its revisions: two calls, not one since the deploy.
+    let metrics = server.metrics().await;
+    assert!(
+        metrics
+            .contains("tessera_function_invocations_total{function=\"greeter\",status=\"2xx\"} 2"),
+        "{metrics}"
     );
     let (ok, out) = tessera_cli(&["deploy", dir, "--name", "greeter", "--server", &base]);
     assert!(ok && out.contains("unchanged"), "{out}");

@@ -386,6 +386,14 @@ async fn tenants_see_only_their_own_names_on_every_path() {
     assert_eq!(deleted.status, 200, "{}", deleted.text);
     assert_eq!(acme.infer("echo", 0.0).await.status, 401);
     assert!(!store.join("tenants/acme").exists());
+    // Its models' and functions' names leave /metrics with it.
+    let metrics = server.metrics().await;
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| !l.starts_with('#') && l.contains("acme/")),
+        "{metrics}"
+    );
     assert_eq!(
         output_f32(&beta.infer("echo", 0.0).await.json(), "Y"),
         vec![2.0]

@@ -860,16 +860,27 @@ async fn invoke_function_root(
     Path(function): Path<String>,
     request: axum::extract::Request,
 ) -> Response {
-    run_function(s, principal, function, String::new(), request).await
+    run_function(s, principal, function, request).await
 }
 
 async fn invoke_function(
     State(s): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path((function, path)): Path<(String, String)>,
+    Path((function, _decoded_path)): Path<(String, String)>,
     request: axum::extract::Request,
 ) -> Response {
-    run_function(s, principal, function, path, request).await
+    run_function(s, principal, function, request).await
+}
+
+/// The part of a function request's path after `/v1/functions/{function}`, as the client wrote
+/// it: still percent-encoded, as `wasmtime serve` passes it on. Decoded, a `%3F` would start a
+/// query and a `%2F` or `..` would pass a guest's routing.
+fn raw_function_path(uri: &axum::http::Uri) -> &str {
+    let rest = uri
+        .path()
+        .strip_prefix("/v1/functions/")
+        .unwrap_or_default();
+    rest.split_once('/').map_or("", |(_, path)| path)
 }
 
 /// Any method on `/v1/functions/{function}/{path}`: the function sees `/{path}?{query}` with the
@@ -878,14 +889,13 @@ async fn run_function(
     s: AppState,
     principal: Principal,
     function: String,
-    path: String,
     request: axum::extract::Request,
 ) -> Response {
     let mut cx = CallContext::root_for(principal.tenant());
     cx.span = super::TraceContext::from_headers(request.headers())
         .function_span(&function, cx.request_id);
     let (mut parts, body) = request.into_parts();
-    let mut uri = format!("/{path}");
+    let mut uri = format!("/{}", raw_function_path(&parts.uri));
     if let Some(query) = parts.uri.query() {
         uri.push('?');
         uri.push_str(query);
@@ -896,13 +906,25 @@ async fn run_function(
             return error_response(InferError::invalid(format!("invalid path: {e}")));
         }
     };
+    let had_body = !http_body::Body::is_end_stream(&body);
     let request = axum::http::Request::from_parts(parts, body);
     let span = cx.span.clone();
     let invoked =
         tracing::Instrument::instrument(s.server.invoke_function(&cx, &function, request), span);
     match invoked.await {
         Ok(response) => response.map(Body::new),
-        Err(e) => function_error(&e, s.verbose_errors, cx.request_id),
+        Err(e) => {
+            let mut response = function_error(&e, s.verbose_errors, cx.request_id);
+            // The server answered for the function (unknown, over a limit, refused): its body
+            // may be unread, and hyper then closes the connection; the client is told so
+            // (`close_when_body_unread` leaves functions to this).
+            if had_body {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
+        }
     }
 }
 

@@ -52,7 +52,7 @@ pub const CONTENT_GRACE: Duration = Duration::from_secs(3600);
 pub enum SharedStoreError {
     /// Another replica changed the deployment between our read and our write.
     #[error(
-        "'{}' was changed by another replica at the same time (generation {generation} is taken); nothing of this request was published: read the model's state and retry",
+        "'{}' was changed by another replica at the same time (generation {generation} is taken); nothing of this request was published: read its state and retry",
         crate::namespace::shown(.key)
     )]
     Conflict { key: String, generation: u64 },

@@ -94,7 +94,23 @@ pub struct WasmFunction {
     log_rate: Arc<LogRate>,
     /// Invocations running; at `max_concurrency`, the next one is refused at once.
     running: Arc<tokio::sync::Semaphore>,
-    pub stats: FunctionStats,
+    pub stats: Arc<FunctionStats>,
+}
+
+/// Every function's [`FunctionStats`], by name, across its revisions.
+#[derive(Debug, Default)]
+pub struct StatsRegistry(std::sync::Mutex<std::collections::BTreeMap<String, Arc<FunctionStats>>>);
+
+impl StatsRegistry {
+    fn for_function(&self, name: &str) -> Arc<FunctionStats> {
+        let mut stats = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        stats.entry(name.to_owned()).or_default().clone()
+    }
+
+    pub fn forget(&self, owned: impl Fn(&str) -> bool) {
+        let mut stats = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        stats.retain(|name, _| !owned(name));
+    }
 }
 
 /// Per-function figures for `/metrics`.
@@ -224,7 +240,7 @@ impl WasmRuntime {
             counters: self.counters.for_model(&counter_key),
             custom_metrics: self.custom_metrics.clone(),
             series: Arc::default(),
-            stats: FunctionStats::default(),
+            stats: self.function_stats.for_function(name),
         }))
     }
 }

@@ -335,6 +335,12 @@ impl CounterRegistry {
         models.entry(model.to_owned()).or_default().clone()
     }
 
+    /// Drops the counters of every model `owned` names.
+    pub fn forget(&self, owned: impl Fn(&str) -> bool) {
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        models.retain(|model, _| !owned(model));
+    }
+
     /// The `tessera_wasm_*` families for the metrics exposition, one sample per model.
     pub fn families(&self) -> Vec<crate::metrics::LabeledFamily> {
         let models = self.models.lock().unwrap_or_else(|p| p.into_inner());

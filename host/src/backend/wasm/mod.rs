@@ -67,6 +67,9 @@ pub struct WasmRuntime {
     function_linker: Linker<HostState>,
     cache_dir: Option<PathBuf>,
     pub counters: Arc<limits::CounterRegistry>,
+    /// Each function's `tessera_function_*` figures, by name: they outlive its revisions, as the
+    /// `tessera_wasm_*` counters do, so a deploy or rollback does not send them back to 0.
+    function_stats: function::StatsRegistry,
     /// The families guests define (the WIT `metrics` interface), shown on `/metrics`.
     pub custom_metrics: Arc<custom_metrics::CustomMetrics>,
     instances: Arc<limits::InstanceTracker>,
@@ -144,10 +147,26 @@ impl WasmRuntime {
             function_linker,
             cache_dir,
             counters: Arc::default(),
+            function_stats: function::StatsRegistry::default(),
             custom_metrics: Arc::default(),
             instances: Arc::default(),
             compiled_for_load: std::sync::Mutex::default(),
         })
+    }
+
+    /// Forgets the figures of a deleted tenant's models and functions: its names leave
+    /// `/metrics`, and a tenant created later under the same name starts from nothing.
+    pub fn forget_tenant(&self, tenant: &str) {
+        let prefix = crate::namespace::ModelKey::tenant_prefix(tenant);
+        // A function's `tessera_wasm_*` counters are those of its call-chain entry.
+        let function_entry = crate::namespace::Caller::function_entry("");
+        let owned = |key: &str| {
+            key.strip_prefix(function_entry.as_str())
+                .unwrap_or(key)
+                .starts_with(&prefix)
+        };
+        self.counters.forget(owned);
+        self.function_stats.forget(owned);
     }
 
     /// Waits until every Wasm instance has been dropped and finalized, at most `limit`.
