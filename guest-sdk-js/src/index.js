@@ -140,7 +140,8 @@ function checkShape(r, by) {
   }
   for (const p of parameters) {
     if (typeof p?.key !== "string" || !PARAMETER_TAGS.has(p?.value?.tag)) {
-      throw new Error(`${by} returned a parameter that is not { key: string, value: { tag: "bool" | "int" | "double" | "string", val } }: ${JSON.stringify(p)}`);
+      const shown = JSON.stringify(p, (_, v) => (typeof v === "bigint" ? `${v}n` : v));
+      throw new Error(`${by} returned a parameter that is not { key: string, value: { tag: "bool" | "int" | "double" | "string", val } }: ${shown}`);
     }
   }
 }
@@ -206,6 +207,9 @@ const TURN_MS = 10;
 class SendFailed {}
 
 function sendTo(sender, r, final) {
+  // A malformed response is the handler's error (it ends the stream with the reason); only a
+  // send that fails is `SendFailed`.
+  checkShape(r ?? {}, "executeRequest");
   try {
     sender.send(response(r), final);
   } catch (e) {

@@ -103,7 +103,16 @@ class _TextType:
         return f"<class 'numpy.{self.__name__}'>"
 
     def __call__(self, value=b""):
+        # numpy's scalar constructors: `np.bytes_(5)` is `bytes(5)` (five NULs; True one), and
+        # `np.str_(b"ab")` is `str(b"ab")`.
+        if self.encode and isinstance(value, int):
+            return bytes(int(value))
+        if not self.encode and isinstance(value, bytes):
+            return str(value)
         return _text_of(value, _kind_of_value(value), float64, self.encode)
+
+    def __instancecheck__(self, value):
+        return isinstance(value, bytes if self.encode else str)
 
 
 bytes_ = _TextType("bytes_", True)
@@ -390,6 +399,19 @@ def _flatten(obj, out):
             _flatten(o, out)
     else:
         out.append(obj)
+
+
+def _flatten_as_text(obj, out, text):
+    """`_flatten`, each value made text as numpy does, an array's values by their own dtype
+    (float32 0.1 in `np.array([a], dtype=np.bytes_)` is b"0.1")."""
+    if isinstance(obj, ndarray):
+        kind = obj.dtype.kind
+        out.extend(_text_of(v, kind, obj.dtype, text.encode) for v in obj._data)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _flatten_as_text(o, out, text)
+    else:
+        out.append(_text_of(obj, _kind_of_value(obj), float64, text.encode))
 
 
 def _float_div(a, b):
@@ -906,11 +928,11 @@ def array(obj, dtype=None) -> ndarray:
         return obj.astype(dtype) if dtype is not None else obj.copy()
     shape = _infer_shape(obj)
     flat: list = []
-    _flatten(obj, flat)
     text = _text_target(dtype) if dtype is not None else None
     if text is not None:
-        return ndarray._of([_text_of(v, _kind_of_value(v), float64, text.encode) for v in flat],
-                           shape, object_)
+        _flatten_as_text(obj, flat, text)
+        return ndarray._of(flat, shape, object_)
+    _flatten(obj, flat)
     if dtype is None:
         kinds = {_kind_of_value(v) for v in flat}
         d = (object_ if "O" in kinds else float64 if "f" in kinds else int64 if "i" in kinds
@@ -930,11 +952,19 @@ def array(obj, dtype=None) -> ndarray:
 
 def full(shape, value, dtype=None) -> ndarray:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    text = _text_target(dtype) if dtype is not None else None
+    if text is not None:
+        # numpy makes the array of one character (`S1`/`U1`) and cuts the value to fit it.
+        value = _text_of(value, _kind_of_value(value), float64, text.encode)[:1]
+        return ndarray._of([value] * _size(shape), shape, object_)
     d = as_dtype(dtype) if dtype is not None else as_dtype(type(value))
     return ndarray._of([_from_python(value, d)] * _size(shape), shape, d)
 
 
 def zeros(shape, dtype=float64) -> ndarray:
+    text = _text_target(dtype)
+    if text is not None:  # numpy's empty strings
+        return full(shape, b"" if text.encode else "", dtype)
     return full(shape, 0, dtype)
 
 

@@ -227,7 +227,8 @@ fn build_python(
         bail!(
             "componentize-py did not finish building {} in {} s and was stopped. It runs the \
              model's module to snapshot it: code at module level that loops or waits never \
-             ends (move it into initialize()); a slow machine may need --timeout-secs",
+             ends (move it into initialize()); on a slow machine, build it with \
+             `tessera build --timeout-secs N`",
             version.join("model.py").display(),
             limit.as_secs()
         );
@@ -285,7 +286,8 @@ fn build_js(
         let _ = std::fs::remove_file(&partial);
         bail!(
             "componentize-qjs did not finish building {} in {} s and was stopped (code at \
-             module level that never ends?); a slow machine may need --timeout-secs",
+             module level that never ends?); on a slow machine, build it with \
+             `tessera build --timeout-secs N`",
             version.join(source).display(),
             limit.as_secs()
         );
@@ -348,10 +350,14 @@ fn copy_sources(from: &Path, to: &Path) -> anyhow::Result<()> {
 /// loops at import would otherwise hold `tessera build`, and `tessera deploy`, forever.
 fn output_within(command: &mut Command, limit: Duration) -> std::io::Result<Option<Output>> {
     use std::io::Read;
+    use std::os::unix::process::CommandExt as _;
+    // Its own process group: a stop reaches what the tool started too (a wrapper script's
+    // child would otherwise keep the pipes, and this wait, open).
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()?;
     // Read both pipes while the tool runs: a full pipe would stop it.
     fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
@@ -367,15 +373,22 @@ fn output_within(command: &mut Command, limit: Duration) -> std::io::Result<Opti
     let stderr = drain(child.stderr.take());
     let deadline = Instant::now() + limit;
     let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break Some(status);
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Past the limit, or the wait itself failed: stop the tool and everything it started.
+            _ => {
+                if let Ok(group) = i32::try_from(child.id()) {
+                    // SAFETY: kill(2) on the process group the child leads; no memory involved.
+                    unsafe { libc::kill(-group, libc::SIGKILL) };
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
         }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     };
     let stdout = stdout.join().unwrap_or_default();
     let stderr = stderr.join().unwrap_or_default();

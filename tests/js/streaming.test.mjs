@@ -4,14 +4,18 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { invalidInput, streaming } from "../../guest-sdk-js/src/index.js";
+import { fromStrings, invalidInput, streaming } from "../../guest-sdk-js/src/index.js";
+
+// A response of one BYTES output holding `text`, and back.
+const says = (text) => ({ outputs: [fromStrings("OUT", [1], [text])] });
+const said = (tensor) => new TextDecoder().decode(tensor.data.val[0]);
 
 function fakeSender(name, log, { goneAfter = Infinity } = {}) {
   let sent = 0;
   return {
     send(response, final) {
       if (sent++ >= goneAfter) throw new Error("cancelled");
-      log.push([name, response.outputs[0], final]);
+      log.push([name, said(response.outputs[0]), final]);
     },
     finish() {
       log.push([name, "finish"]);
@@ -29,7 +33,7 @@ const words = streaming({
   *executeRequest(request) {
     if (request.words.length === 0) throw invalidInput("no words");
     try {
-      for (const w of request.words) yield { outputs: [w] };
+      for (const w of request.words) yield says(w);
     } finally {
       request.closed = true;
     }
@@ -88,7 +92,7 @@ test("a thrown error ends only its stream, and a gone caller stops the generator
 
 test("a plain function answers with one final response", () => {
   const log = [];
-  const once = streaming({ executeRequest: () => ({ outputs: ["only"] }) });
+  const once = streaming({ executeRequest: () => says("only") });
   once.execute([[{}, fakeSender("one", log)]]);
   assert.equal(once.resume(), null);
   assert.deepEqual(log, [["one", "only", true], ["one", "disposed"]]);
@@ -117,9 +121,24 @@ test("a malformed answer fails its request, saying what is wrong, instead of tra
     [{ outputs: [{ name: "OUT" }] }, "has datatype undefined"],
     [{ outputs: [], parameters: { a: 1 } }, "parameters is an array"],
     [{ outputs: [], parameters: [{ key: "a", value: 5 }] }, "a parameter that is not"],
+    [{ outputs: [], parameters: [{ key: 1, value: { tag: "int", val: 5n } }] }, "5n"],
   ]) {
     const [result] = model({ executeRequest: () => value }).execute([{}]);
     assert.equal(result.tag, "err");
     assert.match(result.val.message, new RegExp(says));
   }
+});
+
+test("a malformed streamed response ends its stream with the reason, not a trap", () => {
+  const log = [];
+  const bad = streaming({
+    *executeRequest() {
+      yield says("fine");
+      yield { outputs: "nope" };
+    },
+  });
+  bad.execute([[{}, fakeSender("bad", log)]]);
+  while (bad.resume() !== null);
+  assert.deepEqual(log[0], ["bad", "fine", false]);
+  assert.match(log[1][1], /outputs is an array of tensors/);
 });

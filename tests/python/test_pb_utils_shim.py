@@ -253,7 +253,25 @@ def test_text_conversions_of_ints_bools_and_objects_read_as_numpys():
         for target in ("bytes_", "str_"):
             assert tnp.array(values, dtype=getattr(tnp, target)).tolist() == \
                 np.array(values, dtype=getattr(np, target)).tolist()
-    # Compared with bytes, elementwise (the array holds them as objects, as a BYTES tensor).
+    # An array inside a list keeps its dtype's digits; asarray, zeros, ones, full convert too.
+    s32 = np.array([0.1, 0.7], dtype=np.float32)
+    t32 = tnp.array([0.1, 0.7], dtype=tnp.float32)
+    for target in ("bytes_", "str_"):
+        assert tnp.array([t32, t32], dtype=getattr(tnp, target)).tolist() == \
+            np.array([s32, s32], dtype=getattr(np, target)).tolist()
+    mixed_real, mixed_ours = np.array([1.5, 2], dtype=object), tnp.array([1.5, 2], dtype=tnp.object_)
+    for target in ("bytes_", "str_"):
+        real_t, ours_t = getattr(np, target), getattr(snp, target)
+        assert snp.asarray(mixed_ours, dtype=ours_t).tolist() == \
+            np.asarray(mixed_real, dtype=real_t).tolist()
+        assert snp.zeros(2, dtype=ours_t).tolist() == np.zeros(2, dtype=real_t).tolist()
+        assert snp.ones(2, dtype=ours_t).tolist() == np.ones(2, dtype=real_t).tolist()
+        assert snp.full(2, 3, dtype=ours_t).tolist() == np.full(2, 3, dtype=real_t).tolist()
+        # (numpy cuts it to one character: its array is `S1`.)
+        assert snp.full(2, 3.5, dtype=ours_t).tolist() == np.full(2, 3.5, dtype=real_t).tolist()
+        for v in (5, 0, True, 1.5, "ab", b"ab"):
+            assert ours_t(v) == real_t(v), (target, v)
+
     assert (tnp.array([1, 2]).astype(tnp.bytes_) == b"1").tolist() == [True, False]
     with pytest.raises(UnicodeEncodeError):
         tnp.array(["é"], dtype=tnp.bytes_)

@@ -22,7 +22,9 @@ nan, inf, pi, e = _math.nan, _math.inf, _math.pi, _math.e
 
 
 def asarray(a, dtype=None):
-    if isinstance(a, ndarray) and (dtype is None or _t.as_dtype(dtype) is a.dtype):
+    # (A text dtype converts, although its arrays are object arrays: no shortcut for it.)
+    if isinstance(a, ndarray) and (dtype is None or (_t._text_target(dtype) is None
+                                                     and _t.as_dtype(dtype) is a.dtype)):
         return a
     return array(a, dtype)
 

@@ -583,7 +583,26 @@ fn run(session: &mut Session, plan: &Plan, batch: &[InferRequest]) -> Executed {
         }
     }
     let t1 = Instant::now();
-    let outputs = match session.run(inputs) {
+    let ran = session.run(inputs);
+    if batch.len() > 1 && matches!(&ran, Err(e) if e.code() == ort::ErrorCode::InvalidArgument) {
+        // Requests batch only with equal shapes, but ONNX Runtime also checks values (an index
+        // out of range): each runs alone, so only the one at fault fails.
+        drop(ran);
+        let infer = t1.elapsed();
+        let results = batch
+            .iter()
+            .flat_map(|request| run(session, plan, std::slice::from_ref(request)).results)
+            .collect();
+        return Executed {
+            results,
+            timing: ExecutionTiming {
+                input: t1 - t0,
+                infer,
+                ..Default::default()
+            },
+        };
+    }
+    let outputs = match ran {
         Ok(o) => o,
         Err(e) => {
             let timing = ExecutionTiming {
