@@ -491,6 +491,27 @@ async fn functions_deploy_roll_back_and_survive_restarts() {
             .contains("wasi:http"),
         "{body}"
     );
+    // A memory limit below what the component starts with: no call could ever run.
+    let (status, body) = {
+        use base64::Engine as _;
+        let hello = std::fs::read(folder.join("function.wasm")).expect("hello");
+        server
+            .post_json(
+                "/v2/repository/functions/greeter/load",
+                &json!({ "parameters": {
+                    "file:function.wasm": base64::engine::general_purpose::STANDARD.encode(&hello),
+                    "manifest": "[limits]\nmax_memory_bytes = 65536\n",
+                }}),
+            )
+            .await
+    };
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("bytes of memory, more than its max_memory_bytes")),
+        "{body}"
+    );
     assert_eq!(
         std::fs::read_dir(store.join("functions/greeter"))
             .expect("store")

@@ -207,6 +207,18 @@ impl WasmRuntime {
             &counter_key,
             &self.counters.for_model(&counter_key),
         )?;
+        // A memory that starts above the limit could never be made: every call would fail. Each
+        // memory is held to the limit on its own (`memory_growing`), so the largest counts.
+        let initial = component
+            .resources_required()
+            .and_then(|r| r.max_initial_memory_size)
+            .map_or(0, |pages| pages.saturating_mul(64 << 10));
+        if initial > limits.sandbox.max_memory_bytes as u64 {
+            return Err(LoadError::invalid(format!(
+                "function '{shown}' starts with {initial} bytes of memory, more than its max_memory_bytes of {} (the manifest's, or its tenant's ceiling): raise the limit",
+                limits.sandbox.max_memory_bytes
+            )));
+        }
         super::check_export(
             &self.engine,
             &component,
